@@ -1,0 +1,3 @@
+from bwopt.app import main
+
+main()

@@ -1,0 +1,51 @@
+"""Hydra entry point: `python -m bwopt key=value ...`.
+
+Only Hydra, OmegaConf and the schemas are imported here; TensorFlow and MLflow
+load inside the runner, after the config has been validated.
+"""
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from bwopt.schema import Config, ConfigError, register_configs
+
+
+def config_dir() -> str:
+    """The conf/ folder: shipped inside the wheel, or at the top of a source checkout."""
+    package_dir = Path(__file__).resolve().parent
+    for candidate in (package_dir / "conf", package_dir.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return str(candidate)
+    raise FileNotFoundError(f"bwopt's conf/ folder was not found next to {package_dir}")
+
+
+def validate(cfg: DictConfig) -> Config:
+    """Turn a composed config into typed objects, running every value check."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except ConfigError:
+        raise
+    except Exception as error:  # OmegaConf's own errors carry the full key
+        raise ConfigError(str(error)) from error
+
+
+def run_job(cfg: DictConfig) -> float:
+    try:
+        config = validate(cfg)
+    except ConfigError as error:
+        print(f"bwopt: invalid config: {error}", file=sys.stderr)
+        sys.exit(2)
+    from hydra.core.hydra_config import HydraConfig
+
+    from bwopt.runner import run
+
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    summary = run(config, output_dir=output_dir, resolved=OmegaConf.to_container(cfg, resolve=True))
+    return summary.objective
+
+
+register_configs()
+main = hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")(run_job)

@@ -1,0 +1,1 @@
+"""Data sources and splits. Everything here is NumPy: TensorFlow enters in bwopt.pipeline."""

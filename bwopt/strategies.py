@@ -1,0 +1,57 @@
+"""tf.distribute strategies, built from the strategy config and the configured devices."""
+
+from bwopt.devices import DeviceSetup
+
+
+def build_default(config, devices: DeviceSetup):
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
+
+
+def build_one_device(config, devices: DeviceSetup):
+    import tensorflow as tf
+
+    return tf.distribute.OneDeviceStrategy(config.device or devices.device_names[0])
+
+
+def build_mirrored(config, devices: DeviceSetup):
+    import tensorflow as tf
+
+    cross_device_ops = {
+        "auto": lambda: None,
+        "reduction_to_one": tf.distribute.ReductionToOneDevice,
+        "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+        "nccl": tf.distribute.NcclAllReduce,
+    }[config.cross_device_ops]()
+    return tf.distribute.MirroredStrategy(devices=devices.device_names, cross_device_ops=cross_device_ops)
+
+
+def build_tpu(config, devices: DeviceSetup):
+    import tensorflow as tf
+
+    return tf.distribute.TPUStrategy(devices.tpu_resolver)
+
+
+STRATEGIES = {
+    "default": build_default,
+    "one_device": build_one_device,
+    "mirrored": build_mirrored,
+    "tpu": build_tpu,
+}
+
+
+def build_strategy(config, devices: DeviceSetup):
+    try:
+        builder = STRATEGIES[config.name]
+    except KeyError:
+        raise ValueError(f"unknown strategy {config.name!r}; expected one of: {', '.join(STRATEGIES)}")
+    return builder(config, devices)
+
+
+def replica_devices(strategy, devices: DeviceSetup):
+    """The devices the replicas run on (the default strategy uses the first device)."""
+    try:
+        return list(strategy.extended.worker_devices)
+    except RuntimeError:
+        return devices.device_names[:1]

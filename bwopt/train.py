@@ -1,0 +1,108 @@
+"""The timed training loop: `strategy.run` inside `tf.function`, input wait timed around `next()`."""
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict
+
+from bwopt.measure import StepTimer
+
+
+@dataclass
+class StepFunctions:
+    train_step: Callable
+    evaluate_step: Callable
+
+
+def make_step_functions(strategy, model, optimizer, global_batch_size: int, feature_scale: float, jit_compile: bool):
+    """Distributed train and evaluation steps, each returning (summed loss, correct count) over replicas."""
+    import keras
+    import tensorflow as tf
+
+    per_example_loss = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="none"
+    )
+    compute_dtype = keras.mixed_precision.global_policy().compute_dtype
+
+    def to_model_inputs(features):
+        # The host sends features in the transfer dtype; normalising here keeps the bus narrow.
+        return tf.cast(features, compute_dtype) * tf.cast(feature_scale, compute_dtype)
+
+    def sums(labels, logits, losses):
+        predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
+        correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels), tf.float32))
+        return tf.reduce_sum(losses), correct
+
+    # XLA compiles the math; the gradient all-reduce stays outside the compiled function.
+    @tf.function(jit_compile=jit_compile or None)
+    def forward_backward(features, labels):
+        with tf.GradientTape() as tape:
+            logits = model(to_model_inputs(features), training=True)
+            losses = per_example_loss(labels, logits)
+            # Keras sums gradients over replicas, so each replica scales by the global batch.
+            loss = tf.reduce_sum(losses) / global_batch_size
+            # Identity unless a loss-scale optimizer guards float16 gradients.
+            scaled_loss = optimizer.scale_loss(loss)
+        return tape.gradient(scaled_loss, model.trainable_variables), sums(labels, logits, losses)
+
+    def replica_train(features, labels):
+        gradients, replica_sums = forward_backward(features, labels)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return replica_sums
+
+    def replica_evaluate(features, labels):
+        logits = model(to_model_inputs(features), training=False)
+        return sums(labels, logits, per_example_loss(labels, logits))
+
+    def reduced(replica_fn):
+        @tf.function
+        def step(batch):
+            loss_sum, correct = strategy.run(replica_fn, args=batch)
+            return (
+                strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None),
+                strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None),
+            )
+
+        return step
+
+    return StepFunctions(reduced(replica_train), reduced(replica_evaluate))
+
+
+def evaluate(steps: StepFunctions, distributed_validation, num_examples: int) -> Dict[str, float]:
+    loss_sum = correct = 0.0
+    for batch in distributed_validation:
+        batch_loss, batch_correct = steps.evaluate_step(batch)
+        loss_sum += float(batch_loss)
+        correct += float(batch_correct)
+    return {"val_loss": loss_sum / num_examples, "val_accuracy": correct / num_examples}
+
+
+def train(
+    steps: StepFunctions,
+    distributed_train,
+    distributed_validation,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    examples_per_step: int,
+    num_validation_examples: int,
+    timer: StepTimer,
+    on_epoch_end: Callable[[int, Dict[str, float]], None],
+) -> Dict[str, float]:
+    """Run `epochs` x `steps_per_epoch` timed steps; returns the last epoch's metrics."""
+    iterator = iter(distributed_train)
+    for epoch in range(epochs):
+        loss_sum = correct = 0.0
+        for _ in range(steps_per_epoch):
+            started = time.perf_counter()
+            batch = next(iterator)
+            fetched = time.perf_counter()
+            batch_loss, batch_correct = steps.train_step(batch)
+            # Reading the results on the host waits for the step to finish on every replica.
+            loss_sum += float(batch_loss)
+            correct += float(batch_correct)
+            timer.record(fetched - started, time.perf_counter() - fetched)
+        num_examples = steps_per_epoch * examples_per_step
+        metrics = {"loss": loss_sum / num_examples, "accuracy": correct / num_examples}
+        metrics.update(evaluate(steps, distributed_validation, num_validation_examples))
+        on_epoch_end(epoch, metrics)
+    return metrics
