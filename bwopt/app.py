@@ -10,7 +10,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from bwopt.schema import Config, ConfigError, register_configs
+from bwopt.schema import Config, ConfigError, register_configs, unknown_key_message
+from bwopt.train import STOP
 
 
 def config_dir() -> str:
@@ -48,4 +49,15 @@ def run_job(cfg: DictConfig) -> float:
 
 
 register_configs()
-main = hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")(run_job)
+hydra_main = hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")(run_job)
+
+
+def main() -> None:
+    # Set explicitly: a process started in the background inherits SIGINT ignored.
+    STOP.install()
+    for argument in sys.argv[1:]:
+        message = unknown_key_message(argument)
+        if message:
+            print(f"bwopt: invalid config: {message}", file=sys.stderr)
+            sys.exit(2)
+    hydra_main()

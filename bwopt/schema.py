@@ -7,6 +7,7 @@ so unknown keys and wrong types are rejected by OmegaConf's struct mode, and
 value checks that a type cannot express live in `__post_init__`.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -186,7 +187,7 @@ class TpuDevice(DeviceConfig):
 
 # --- strategy ---------------------------------------------------------------
 
-STRATEGIES = ("default", "one_device", "mirrored")
+STRATEGIES = ("default", "one_device", "mirrored", "tpu")
 
 
 @dataclass
@@ -316,6 +317,11 @@ class Config:
 
 def check_valid_combination(config: Config) -> None:
     """Cross-group checks: what no single group can tell on its own."""
+    if (config.strategy.name == "tpu") != (config.device.name == "tpu"):
+        raise ConfigError(
+            f"strategy={config.strategy.name} with device={config.device.name}: "
+            "strategy=tpu needs device=tpu and device=tpu needs strategy=tpu"
+        )
     if config.device.name == "cpu" and config.device.precision == "mixed_float16":
         raise ConfigError(
             "device.precision='mixed_float16' is slow and unsupported on CPU; "
@@ -339,6 +345,24 @@ SCHEMAS = {
     "model": {"mlp": MlpModel, "cnn": CnnModel},
     "tracking": {"mlflow": MlflowTracking, "none": NoTracking},
 }
+
+
+def unknown_key_message(override: str) -> Optional[str]:
+    """Why a command-line `group.key=value` names no key, listing the keys that exist.
+
+    OmegaConf rejects unknown keys too; this says which keys the group does have.
+    """
+    key = override.split("=", 1)[0]
+    if "=" not in override or key.startswith(("+", "~", "hydra", "-")) or "." not in key:
+        return None
+    group, name = key.split(".")[:2]
+    schemas = {"train": [TrainConfig]}.get(group) or list(SCHEMAS.get(group, {}).values())
+    if not schemas:
+        return None
+    names = sorted({field.name for schema in schemas for field in dataclasses.fields(schema)})
+    if name in names:
+        return None
+    return f"{group}.{name} is not a key of '{group}'; its keys are: {', '.join(names)}"
 
 
 def register_configs() -> None:

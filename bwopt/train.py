@@ -1,10 +1,40 @@
 """The timed training loop: `strategy.run` inside `tf.function`, input wait timed around `next()`."""
 
+import signal
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 from bwopt.measure import StepTimer
+
+
+class GracefulStop:
+    """SIGINT or SIGTERM ends the run between two steps, as KILLED, with what it measured.
+
+    Raising from the signal handler itself would interrupt TensorFlow inside an iterator's
+    `get_next`, which can corrupt its heap; so the first signal only asks the loop to stop at
+    the next step boundary, and a second one stops at once.
+    """
+
+    def __init__(self) -> None:
+        self.requested: Optional[str] = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        already = self.requested
+        self.requested = signal.Signals(signum).name
+        if already:
+            raise KeyboardInterrupt(f"stopped at once by a second {self.requested}")
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt(f"stopped by {self.requested}")
+
+
+STOP = GracefulStop()
 
 
 @dataclass
@@ -101,6 +131,7 @@ def train(
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
             timer.record(fetched - started, time.perf_counter() - fetched)
+            STOP.check()
         num_examples = steps_per_epoch * examples_per_step
         metrics = {"loss": loss_sum / num_examples, "accuracy": correct / num_examples}
         metrics.update(evaluate(steps, distributed_validation, num_validation_examples))

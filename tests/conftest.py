@@ -1,0 +1,70 @@
+"""Shared fixtures: compose the real conf/, shrunk to tiny runs that write under tmp_path."""
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from bwopt.app import config_dir, validate
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def compose_config(overrides=()):
+    """The real conf/ composed with Hydra's compose API, plus overrides."""
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory):
+    """One sqlite store for the session: creating its tables costs seconds."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture
+def run_experiment(tmp_path, mlflow_uri, request):
+    """Compose, validate and run an experiment in this process; returns its Summary."""
+    from bwopt.runner import run
+
+    def _run(*overrides, experiment=None):
+        experiment = experiment or request.node.name
+        tracking = [f"tracking.uri={mlflow_uri}", f"tracking.experiment={experiment}"]
+        cfg = compose_config([*([] if "tracking=none" in overrides else tracking), *overrides])
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        return run(validate(cfg), output_dir=tmp_path / "run", resolved=resolved)
+
+    return _run
+
+
+@pytest.fixture
+def mlflow_client(mlflow_uri):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=mlflow_uri)
+
+
+def run_bwopt(*args, cwd, timeout=300, env=None):
+    """`python -m bwopt ARGS` in a fresh process."""
+    return subprocess.run(
+        [sys.executable, "-m", "bwopt", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+
+
+def count_runs(database: Path) -> int:
+    """Runs in a sqlite MLflow store, read with sqlite3 itself."""
+    if not database.exists():
+        return 0
+    with sqlite3.connect(database) as connection:
+        return connection.execute("select count(*) from runs").fetchone()[0]

@@ -1,0 +1,87 @@
+"""`python -m bwopt` as users run it: fresh processes, the default store, multirun, a wheel."""
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, count_runs, run_bwopt
+
+pytestmark = pytest.mark.slow
+TINY = ["train.epochs=2", "train.warmup_steps=3"]
+
+
+def runs_in(database):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{database}")
+    experiment = client.get_experiment_by_name("bwopt")
+    return client, client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def test_module_run_uses_the_default_store_and_logs_hydra_folder(tmp_path):
+    result = run_bwopt(*TINY, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for line in ("throughput", "examples/s", "step time", "p50", "p90", "input wait", "val accuracy", "MLflow run"):
+        assert line in result.stdout
+    client, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
+    assert run.info.run_id in result.stdout
+    assert run.info.status == "FINISHED"
+    artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "summary.json", ".hydra"} <= artifacts
+    hydra_files = {item.path for item in client.list_artifacts(run.info.run_id, ".hydra")}
+    assert {".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml"} <= hydra_files
+    assert (tmp_path / "outputs" / "mlartifacts").is_dir()
+
+
+def test_multirun_gives_one_mlflow_run_per_job(tmp_path):
+    result = run_bwopt("-m", "pipeline.prefetch=0,2", *TINY, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    _, runs = runs_in(tmp_path / "outputs" / "mlflow.db")
+    assert [run.data.params["pipeline.prefetch"] for run in runs] == ["0", "2"]
+    assert all(run.info.status == "FINISHED" for run in runs)
+
+
+def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bwopt", "train.epochs=500", "train.warmup_steps=3"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    deadline = time.monotonic() + 120
+    for line in process.stdout:
+        if line.startswith("epoch 3/") or time.monotonic() > deadline:
+            break
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=120)
+    assert process.returncode != 0
+    client, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
+    assert run.info.status == "KILLED"
+    assert len(client.get_metric_history(run.info.run_id, "val_accuracy")) >= 3
+    assert run.data.metrics["num_timed_steps"] >= 3 * 22 - 3
+
+
+def test_config_folder_is_found_from_an_installed_wheel(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "dist", REPO],
+        check=True, cwd=tmp_path,
+    )
+    (wheel,) = (tmp_path / "dist").glob("bwopt-*.whl")
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", site, wheel], check=True)
+    assert (site / "bwopt" / "conf" / "pipeline" / "tuned.yaml").is_file()
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    where = subprocess.run(
+        [sys.executable, "-c", "from bwopt.app import config_dir; print(config_dir())"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+    )
+    assert where.stdout.strip() == str(site / "bwopt" / "conf")
+    composed = subprocess.run(
+        [sys.executable, "-m", "bwopt", "strategy=mirrored", "--cfg", "job"],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )
+    assert composed.returncode == 0, composed.stderr
+    assert "name: mirrored" in composed.stdout

@@ -1,0 +1,115 @@
+"""End-to-end runs in this process: real TensorFlow on the bundled digits, a real sqlite MLflow store."""
+
+import json
+
+import pytest
+
+from bwopt import train as train_module
+
+TINY = ["train.epochs=2", "train.warmup_steps=3"]
+
+
+def test_default_run_learns_digits_and_logs_everything(run_experiment, mlflow_client, tmp_path):
+    summary = run_experiment()
+    assert summary.status == "FINISHED"
+    assert summary.num_replicas == 1
+    assert summary.final_metrics["val_accuracy"] >= 0.90
+
+    run = mlflow_client.get_run(summary.run_id)
+    assert run.info.status == "FINISHED"
+    experiment = mlflow_client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "test_default_run_learns_digits_and_logs_everything"
+    params = run.data.params
+    assert params["data.name"] == "digits" and params["pipeline.prefetch"] == "autotune"
+    assert params["train.global_batch_size"] == "64" and params["model.hidden_units"] == "[128]"
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        history = mlflow_client.get_metric_history(summary.run_id, key)
+        assert [point.step for point in history] == list(range(10))
+    assert run.data.metrics["val_accuracy"] == pytest.approx(summary.final_metrics["val_accuracy"])
+    figures = summary.figures
+    for key in ("throughput_examples_per_s", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "input_wait_fraction"):
+        assert run.data.metrics[key] == pytest.approx(getattr(figures, key))
+    assert 0 < figures.step_time_p50_s <= figures.step_time_p90_s <= figures.step_time_p99_s
+    assert 0 <= figures.input_wait_fraction < 1
+    # 1,437 training examples in batches of 64: 22 steps an epoch, 5 of the 220 are warm-up.
+    assert figures.num_timed_steps == 215
+    assert run.data.tags["strategy"] == "default" and run.data.tags["num_replicas"] == "1"
+    assert run.data.tags["tensorflow_version"].startswith("2.")
+    assert run.data.tags["devices"] == "/device:CPU:0"
+    artifacts = {item.path for item in mlflow_client.list_artifacts(summary.run_id)}
+    assert {"config.yaml", "summary.json"} <= artifacts
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["run_id"] == summary.run_id and written["status"] == "FINISHED"
+
+
+def test_mirrored_runs_two_replicas_on_logical_cpus(run_experiment, mlflow_client):
+    summary = run_experiment("strategy=mirrored", "pipeline.prefetch=10", *TINY)
+    assert summary.num_replicas == 2
+    assert [device[-5:] for device in summary.devices] == ["CPU:0", "CPU:1"]
+    run = mlflow_client.get_run(summary.run_id)
+    assert run.data.tags["num_replicas"] == "2" and run.data.tags["strategy"] == "mirrored"
+    assert run.data.params["pipeline.prefetch"] == "10"
+
+
+def test_mirrored_training_matches_single_device_training(run_experiment):
+    """Two replicas on half batches each must follow the same trajectory as one replica."""
+    exact = ["pipeline.shuffle_buffer=0", "train.epochs=1", "train.warmup_steps=1", "train.optimizer=sgd"]
+    single = run_experiment("strategy=one_device", *exact, experiment="same_math")
+    mirrored = run_experiment("strategy=mirrored", *exact, experiment="same_math")
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        assert mirrored.final_metrics[key] == pytest.approx(single.final_metrics[key], rel=1e-4, abs=1e-5)
+
+
+def test_cnn_trains_on_digits(run_experiment):
+    summary = run_experiment("model=cnn", "train.epochs=3", "train.warmup_steps=3")
+    assert summary.status == "FINISHED" and summary.final_metrics["val_accuracy"] > 0.5
+
+
+def test_failed_run_is_marked_failed_and_keeps_what_was_measured(run_experiment, mlflow_client, monkeypatch):
+    real_evaluate = train_module.evaluate
+    calls = []
+
+    def evaluate_then_fail(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("validation shard unreadable")
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "evaluate", evaluate_then_fail)
+    with pytest.raises(OSError, match="validation shard unreadable"):
+        run_experiment("train.epochs=3", experiment="failing")
+    (run,) = mlflow_client.search_runs(
+        [mlflow_client.get_experiment_by_name("failing").experiment_id]
+    )
+    assert run.info.status == "FAILED"
+    assert len(mlflow_client.get_metric_history(run.info.run_id, "val_accuracy")) == 1
+    # Two epochs of steps ran before the failure; their timing is kept.
+    assert run.data.metrics["throughput_examples_per_s"] > 0
+    assert run.data.metrics["num_timed_steps"] == 2 * 22 - 5
+
+
+def test_tracking_none_runs_without_a_store(run_experiment, tmp_path):
+    summary = run_experiment("tracking=none", *TINY)
+    assert summary.run_id is None and summary.status == "FINISHED"
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_gpu_target_fails_with_a_clear_message_here(run_experiment, mlflow_client):
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("a GPU is present: the missing-GPU message cannot be shown")
+    from bwopt.devices import DeviceError
+
+    with pytest.raises(DeviceError, match=r"TensorFlow sees no GPU.*bwopt\[gpu\].*device=cpu"):
+        run_experiment("device=gpu", *TINY, experiment="no_gpu")
+    (run,) = mlflow_client.search_runs([mlflow_client.get_experiment_by_name("no_gpu").experiment_id])
+    assert run.info.status == "FAILED"
+
+
+def test_other_cpu_count_in_an_initialised_process_is_refused(run_experiment):
+    from bwopt.devices import DeviceError
+
+    run_experiment("tracking=none", *TINY)  # make sure TensorFlow is initialised
+    with pytest.raises(DeviceError, match="num_cpu_devices=3.*already initialised with 2"):
+        run_experiment("tracking=none", "device.num_cpu_devices=3", "train.global_batch_size=63", *TINY)

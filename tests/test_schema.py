@@ -1,0 +1,117 @@
+"""Config composition and validation: everything here runs without TensorFlow."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bwopt.app import config_dir, validate
+from bwopt.schema import Config, ConfigError
+from conftest import compose_config, count_runs, run_bwopt
+
+GROUPS = ["data", "split", "pipeline", "device", "strategy", "model", "tracking"]
+
+
+def options(group):
+    return sorted(path.stem for path in (Path(config_dir()) / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "group,option", [(group, option) for group in GROUPS for option in options(group)]
+)
+def test_every_option_of_every_group_composes_and_validates(group, option):
+    overrides = [f"{group}={option}"]
+    if group == "device" and option == "tpu":
+        overrides.append("strategy=tpu")
+    if group == "strategy" and option == "tpu":
+        overrides.append("device=tpu")
+    config = validate(compose_config(overrides))
+    assert isinstance(config, Config)
+    assert getattr(config, group).name == option
+
+
+def test_default_config_is_digits_on_cpu_with_mlflow():
+    config = validate(compose_config())
+    assert (config.data.name, config.device.name, config.strategy.name) == ("digits", "cpu", "default")
+    assert config.tracking.uri == "sqlite:///outputs/mlflow.db"
+    assert config.tracking.experiment == "bwopt"
+    assert config.num_replicas == 1
+
+
+def test_mirrored_replicas_follow_num_cpu_devices():
+    assert validate(compose_config(["strategy=mirrored"])).num_replicas == 2
+    assert validate(compose_config(["strategy=mirrored", "device.num_cpu_devices=4"])).num_replicas == 4
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("pipeline.prefetch=-1", ["pipeline.prefetch=-1", ">= 0"]),
+        ("pipeline.prefetch=fast", ["pipeline.prefetch='fast'", "autotune"]),
+        ("pipeline.map_parallelism=0", ["pipeline.map_parallelism=0", ">= 1"]),
+        ("pipeline.cache=disk", ["pipeline.cache='disk'", "off, memory, file"]),
+        ("pipeline.transfer_dtype=int4", ["pipeline.transfer_dtype='int4'", "uint8, bfloat16"]),
+        ("train.global_batch_size=0", ["train.global_batch_size=0", ">= 1"]),
+        ("train.optimizer=lbfgs", ["train.optimizer='lbfgs'", "adam, sgd, rmsprop"]),
+        ("split.validation_fraction=1.5", ["split.validation_fraction=1.5", "(0, 1)"]),
+        ("device.precision=fp8", ["device.precision='fp8'", "float32, mixed_float16"]),
+    ],
+)
+def test_out_of_range_values_name_key_value_and_allowed(override, expected):
+    with pytest.raises(ConfigError) as error:
+        validate(compose_config([override]))
+    for fragment in expected:
+        assert fragment in str(error.value)
+
+
+def test_batch_must_divide_by_replicas():
+    with pytest.raises(ConfigError, match=r"global_batch_size=63 is not divisible by the 2 replicas"):
+        validate(compose_config(["strategy=mirrored", "train.global_batch_size=63"]))
+
+
+def test_tpu_strategy_needs_tpu_device():
+    with pytest.raises(ConfigError, match="strategy=tpu needs device=tpu"):
+        validate(compose_config(["strategy=tpu"]))
+
+
+BAD_COMMAND_LINES = {
+    "unknown option": (["strategy=warp"], ["strategy/warp", "default", "mirrored", "one_device"]),
+    "unknown key": (["pipeline.prefetchh=2"], ["pipeline.prefetchh", "map_parallelism, name, prefetch"]),
+    "wrong type": (["train.epochs=many"], ["train.epochs", "many", "Integer"]),
+    "negative prefetch": (["pipeline.prefetch=-3"], ["pipeline.prefetch=-3", ">= 0"]),
+    "zero batch": (["train.global_batch_size=0"], ["train.global_batch_size=0", ">= 1"]),
+    "indivisible batch": (
+        ["strategy=mirrored", "device.num_cpu_devices=3", "train.global_batch_size=64"],
+        ["global_batch_size=64", "3 replicas", "multiple of 3"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_COMMAND_LINES))
+def test_bad_command_line_fails_fast_without_a_run(case, tmp_path):
+    overrides, expected = BAD_COMMAND_LINES[case]
+    database = tmp_path / "store.db"
+    result = run_bwopt(*overrides, f"tracking.uri=sqlite:///{database}", cwd=tmp_path, timeout=60)
+    assert result.returncode != 0
+    for fragment in expected:
+        assert fragment in result.stderr, result.stderr
+    assert "tensorflow" not in result.stderr.lower()
+    assert count_runs(database) == 0
+
+
+def test_validation_and_help_do_not_import_tensorflow(tmp_path):
+    probe = (
+        "import sys\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "from bwopt.app import config_dir, validate\n"
+        "with initialize_config_dir(config_dir=config_dir(), version_base='1.3'):\n"
+        "    validate(compose(config_name='config', overrides=['strategy=mirrored']))\n"
+        "heavy = [name for name in ('tensorflow', 'mlflow', 'keras') if name in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", probe], check=True, cwd=tmp_path, env={"PYTHONPATH": str(Path(config_dir()).parent)})
+    result = run_bwopt("--help", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0
+    assert "pipeline: default, naive, tuned" in result.stdout
