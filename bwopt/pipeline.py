@@ -1,4 +1,17 @@
-"""The tf.data input pipeline, built from the pipeline config over host arrays."""
+"""The tf.data input pipeline: every knob of conf/pipeline/ applied to a real tf.data graph.
+
+Order of the training pipeline (validation skips shuffle, repeat, augmentation, cache and the
+service):
+
+    elements  in-memory slices | TFRecord shards | files via interleave
+    map       cast to the transfer dtype (+ augmentation rounds)   } swapped with batch when
+    cache / snapshot                                               } vectorized_map: cache and
+    shuffle, repeat                                                } snapshot then hold raw
+    batch                                                          } elements
+    tf.data service (when on), prefetch, Options
+"""
+
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -6,38 +19,139 @@ from bwopt.schema import AUTOTUNE
 
 
 def tf_count(value):
-    """A pipeline count from config: 'autotune' becomes tf.data.AUTOTUNE."""
+    """A count from config: 'autotune' becomes tf.data.AUTOTUNE."""
     import tensorflow as tf
 
     return tf.data.AUTOTUNE if value == AUTOTUNE else value
 
 
-def build_dataset(config, features: np.ndarray, labels: np.ndarray, batch_size: int, *, training: bool, seed: int):
-    """Batches of (features in the transfer dtype, int32 labels).
+def array_elements(features: np.ndarray, labels: np.ndarray):
+    import tensorflow as tf
 
-    Training data is shuffled and repeated forever (the loop decides how many steps to take),
-    with `drop_remainder` so that every step sees the same number of examples.
+    return tf.data.Dataset.from_tensor_slices((features, labels))
+
+
+def file_elements(config, paths: Sequence[str], open_file: Callable):
+    """Elements of many files, read `interleave.cycle_length` at a time."""
+    import tensorflow as tf
+
+    interleave = config.interleave
+    parallel = interleave.num_parallel_calls
+    return tf.data.Dataset.from_tensor_slices(list(paths)).interleave(
+        open_file,
+        cycle_length=tf_count(interleave.cycle_length),
+        block_length=interleave.block_length,
+        num_parallel_calls=None if parallel == 1 else tf_count(parallel),
+        deterministic=config.deterministic,
+    )
+
+
+def make_preprocess(config, value_range: Optional[tuple], augment: bool):
+    """Cast to the transfer dtype, after `augment_repeats` rounds of random jitter.
+
+    Each round adds uniform noise of half a quantisation step and rounds back, so the values
+    barely move while the host pays for real elementwise work: a knob for input-bound workloads.
     """
     import tensorflow as tf
 
     transfer_dtype = tf.dtypes.as_dtype(config.transfer_dtype)
-    dataset = tf.data.Dataset.from_tensor_slices((features, labels))
-    dataset = dataset.map(
-        lambda x, y: (tf.cast(x, transfer_dtype), y),
-        num_parallel_calls=tf_count(config.map_parallelism) if config.map_parallelism != 1 else None,
-        deterministic=config.deterministic,
-    )
+    rounds = config.augment_repeats if augment else 0
+
+    def preprocess(features, labels):
+        if rounds:
+            values = tf.cast(features, tf.float32)
+            for _ in range(rounds):
+                values = tf.round(values + tf.random.uniform(tf.shape(values), -0.49, 0.49))
+            if value_range is not None:
+                values = tf.clip_by_value(values, *value_range)
+            features = tf.cast(values, features.dtype)
+        return tf.cast(features, transfer_dtype), labels
+
+    return preprocess
+
+
+def build_dataset(
+    config,
+    elements,
+    batch_size: int,
+    *,
+    training: bool,
+    seed: int,
+    value_range: Optional[tuple] = None,
+    service: Optional[Callable] = None,
+):
+    """Batches of (features in the transfer dtype, int32 labels) from a dataset of elements.
+
+    Training data is shuffled and repeated forever (the loop decides how many steps to take),
+    with `drop_remainder` so that every step sees the same number of examples.
+
+    Args:
+        config: the pipeline config.
+        elements: a tf.data.Dataset of single (features, label) examples.
+        batch_size: examples per batch of this pipeline (global, or per replica).
+        training: whether this is the training pipeline.
+        seed: the run's seed (used when pipeline.shuffle_seed is null).
+        value_range: (min, max) of the stored features, kept by augmentation.
+        service: applied to the batched dataset to send it through the tf.data service.
+    """
+    import tensorflow as tf
+
+    preprocess = make_preprocess(config, value_range, augment=training)
+    parallel = None if config.map_parallelism == 1 else tf_count(config.map_parallelism)
+    dataset = elements
+    if not config.vectorized_map:
+        dataset = dataset.map(preprocess, num_parallel_calls=parallel, deterministic=config.deterministic)
+    if training:
+        dataset = cache_and_snapshot(config, dataset)
+        if config.shuffle_buffer > 0:
+            shuffle_seed = seed if config.shuffle_seed is None else config.shuffle_seed
+            dataset = dataset.shuffle(config.shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=True)
+        dataset = dataset.repeat()
+    dataset = dataset.batch(batch_size, drop_remainder=training)
+    if config.vectorized_map:
+        dataset = dataset.map(preprocess, num_parallel_calls=parallel, deterministic=config.deterministic)
+    if training and service is not None:
+        dataset = service(dataset)
+    if config.prefetch != 0:
+        dataset = dataset.prefetch(tf_count(config.prefetch))
+    return dataset.with_options(dataset_options(config))
+
+
+def cache_and_snapshot(config, dataset):
     if config.cache == "memory":
         dataset = dataset.cache()
     elif config.cache == "file":
-        dataset = dataset.cache(f"{config.cache_path}{'train' if training else 'validation'}")
-    if training:
-        if config.shuffle_buffer > 0:
-            dataset = dataset.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        dataset = dataset.repeat()
-    dataset = dataset.batch(batch_size, drop_remainder=training)
-    if config.prefetch != 0:
-        dataset = dataset.prefetch(tf_count(config.prefetch))
+        dataset = dataset.cache(config.cache_path)
+    if config.snapshot.path:
+        dataset = dataset.snapshot(config.snapshot.path, compression=config.snapshot.compression)
+    return dataset
+
+
+def dataset_options(config):
+    """tf.data.Options from pipeline.options, pipeline.deterministic and the auto-shard policy."""
+    import tensorflow as tf
+
+    settings = config.options
     options = tf.data.Options()
     options.deterministic = config.deterministic
-    return dataset.with_options(options)
+    options.autotune.enabled = settings.autotune
+    if settings.autotune_ram_budget_mb is not None:
+        options.autotune.ram_budget = settings.autotune_ram_budget_mb * 2**20
+    if settings.autotune_cpu_budget is not None:
+        options.autotune.cpu_budget = settings.autotune_cpu_budget
+    if settings.private_threadpool_size:
+        options.threading.private_threadpool_size = settings.private_threadpool_size
+    if settings.max_intra_op_parallelism:
+        options.threading.max_intra_op_parallelism = settings.max_intra_op_parallelism
+    optimization = options.experimental_optimization
+    optimization.map_and_batch_fusion = settings.map_and_batch_fusion
+    optimization.map_parallelization = settings.map_parallelization
+    optimization.noop_elimination = settings.noop_elimination
+    optimization.parallel_batch = settings.parallel_batch
+    # prefetch: 0 means no prefetching at all, not even the one tf.data would inject.
+    optimization.inject_prefetch = settings.inject_prefetch and config.prefetch != 0
+    options.experimental_slack = settings.slack
+    options.experimental_distribute.auto_shard_policy = getattr(
+        tf.data.experimental.AutoShardPolicy, config.distribute.auto_shard_policy
+    )
+    return options

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from bwopt.data.sources import load_source
-from bwopt.data.split import train_validation_split
+from bwopt.inputs import InputPlan, Inputs, plan
 from bwopt.measure import StepTimer, TimingFigures, timing_figures
 from bwopt.schema import Config, ConfigError
 from bwopt.tracking import build_tracker, flatten
@@ -36,46 +36,10 @@ class Summary:
         return self.figures.throughput_examples_per_s if self.figures else float("nan")
 
 
-@dataclass
-class Plan:
-    """Sizes fixed before any TensorFlow work: the split and the number of steps."""
-
-    train_indices: np.ndarray
-    validation_indices: np.ndarray
-    steps_per_epoch: int
-    bytes_per_example: int
-
-
-def plan(config: Config, source) -> Plan:
-    train_indices, validation_indices = train_validation_split(
-        source.labels, config.split.name, config.split.validation_fraction, config.seed
-    )
-    batch = config.train.global_batch_size
-    steps_per_epoch = config.train.steps_per_epoch or len(train_indices) // batch
-    if steps_per_epoch == 0:
-        raise ConfigError(
-            f"train.global_batch_size={batch} is larger than the {len(train_indices)} training "
-            f"examples; use a smaller batch"
-        )
-    if config.train.epochs * steps_per_epoch <= config.train.warmup_steps:
-        raise ConfigError(
-            f"train.warmup_steps={config.train.warmup_steps} leaves no step to time out of "
-            f"{config.train.epochs * steps_per_epoch}; lower it or train longer"
-        )
-    transfer_itemsize = np.dtype(_numpy_dtype(config.pipeline.transfer_dtype)).itemsize
-    bytes_per_example = int(np.prod(source.feature_shape)) * transfer_itemsize + 4  # + int32 label
-    return Plan(train_indices, validation_indices, steps_per_epoch, bytes_per_example)
-
-
-def _numpy_dtype(name: str):
-    # bfloat16 is 2 bytes like float16; NumPy itself has no bfloat16.
-    return np.float16 if name == "bfloat16" else np.dtype(name)
-
-
 def run(config: Config, output_dir: Path, resolved: dict) -> Summary:
     """Run one experiment; the MLflow run ends FINISHED, FAILED or KILLED with what was measured."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    source = load_source(config.data, config.seed)
+    source = load_source(config.data, config.seed, config.split.validation_fraction)
     sizes = plan(config, source)
     tracker = build_tracker(config.tracking)
     summary = Summary(run_id=tracker.start(flatten(resolved), tags={}), status="FAILED")
@@ -91,13 +55,12 @@ def run(config: Config, output_dir: Path, resolved: dict) -> Summary:
     return summary
 
 
-def _train(config: Config, source, sizes: Plan, tracker, timer: StepTimer, summary: Summary) -> Dict[str, float]:
+def _train(config: Config, source, sizes: InputPlan, tracker, timer: StepTimer, summary: Summary) -> Dict[str, float]:
     import tensorflow as tf
 
     from bwopt.devices import configure
     from bwopt.models import build_model, build_optimizer
-    from bwopt.pipeline import build_dataset
-    from bwopt.strategies import build_strategy, replica_devices
+    from bwopt.strategies import build_strategy, distribute_input, replica_devices
     from bwopt.train import make_step_functions, train
 
     tf.keras.utils.set_random_seed(config.seed)
@@ -123,12 +86,10 @@ def _train(config: Config, source, sizes: Plan, tracker, timer: StepTimer, summa
         optimizer = build_optimizer(config.train.optimizer, config.train.learning_rate, config.device.precision)
         optimizer.build(model.trainable_variables)
 
-    def dataset(indices, training):
-        features, labels = source.features[indices], source.labels[indices]
-        built = build_dataset(
-            config.pipeline, features, labels, config.train.global_batch_size, training=training, seed=config.seed
-        )
-        return strategy.experimental_distribute_dataset(built)
+    inputs = Inputs(config, source, sizes)
+
+    def distributed(training):
+        return distribute_input(strategy, config.pipeline.distribute, lambda context: inputs.dataset(training, context))
 
     def on_epoch_end(epoch: int, metrics: Dict[str, float]) -> None:
         tracker.log_metrics(metrics, step=epoch)
@@ -136,22 +97,23 @@ def _train(config: Config, source, sizes: Plan, tracker, timer: StepTimer, summa
         print(f"epoch {epoch + 1}/{config.train.epochs}  {shown}", flush=True)
 
     steps = make_step_functions(
-        strategy, model, optimizer, config.train.global_batch_size, source.feature_scale, config.device.jit_compile
+        strategy, model, optimizer, config.train.global_batch_size, source.feature_scale, config.device.jit_compile,
+        step_compute_s=source.step_compute_s,
     )
     return train(
         steps,
-        dataset(sizes.train_indices, training=True),
-        dataset(sizes.validation_indices, training=False),
+        distributed(training=True),
+        distributed(training=False),
         epochs=config.train.epochs,
         steps_per_epoch=sizes.steps_per_epoch,
         examples_per_step=config.train.global_batch_size,
-        num_validation_examples=len(sizes.validation_indices),
+        num_validation_examples=sizes.num_validation_examples,
         timer=timer,
         on_epoch_end=on_epoch_end,
     )
 
 
-def _finish(config: Config, sizes: Plan, tracker, timer: StepTimer, summary: Summary, output_dir: Path, resolved) -> None:
+def _finish(config: Config, sizes: InputPlan, tracker, timer: StepTimer, summary: Summary, output_dir: Path, resolved) -> None:
     """Keep what was measured, even when the run failed part-way."""
     from omegaconf import OmegaConf
 

@@ -86,6 +86,55 @@ class SyntheticData(DataConfig):
             )
 
 
+@dataclass
+class ArtificialData(DataConfig):
+    """Files with known latencies, like the tf.data performance guide's ArtificialDataset.
+
+    Opening a file sleeps `file_open_latency_s`, reading each element sleeps
+    `element_latency_s`, and each train step sleeps `step_compute_s` on top of the model:
+    a workload whose input and compute times are known, to check the measurements.
+    """
+
+    name: str = "artificial"
+    num_files: int = 4
+    examples_per_file: int = 64
+    file_open_latency_s: float = 0.0
+    element_latency_s: float = 0.001
+    step_compute_s: float = 0.0
+    feature_shape: List[int] = field(default_factory=lambda: [8])
+    num_classes: int = 2
+
+    def __post_init__(self) -> None:
+        check_at_least("data.num_files", self.num_files, 2)
+        check_at_least("data.examples_per_file", self.examples_per_file, 1)
+        for key in ("file_open_latency_s", "element_latency_s", "step_compute_s"):
+            check_at_least(f"data.{key}", getattr(self, key), 0.0)
+        check_at_least("data.num_classes", self.num_classes, 2)
+
+
+@dataclass
+class TFRecordData(DataConfig):
+    """The user's TFRecord files: a raw-bytes feature and an int64 label per tf.train.Example."""
+
+    name: str = "tfrecord"
+    # Glob of the training files, and of the validation files ('' holds out files by split).
+    file_pattern: str = MISSING
+    validation_file_pattern: str = ""
+    compression: str = "NONE"
+    feature_key: str = "feature"
+    feature_dtype: str = "uint8"
+    feature_shape: List[int] = MISSING
+    label_key: str = "label"
+    num_classes: int = MISSING
+    # Device-side multiplier after the cast, e.g. 1/255 for 8-bit images.
+    feature_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_choice("data.compression", self.compression, COMPRESSIONS)
+        check_choice("data.feature_dtype", self.feature_dtype, ("uint8", "int32", "int64", "float16", "float32"))
+        check_at_least("data.num_classes", self.num_classes, 2)
+
+
 # --- split ------------------------------------------------------------------
 
 
@@ -101,25 +150,166 @@ class SplitConfig:
 
 # --- pipeline ---------------------------------------------------------------
 
+COMPRESSIONS = ("NONE", "GZIP", "ZLIB")
+AUTO_SHARD_POLICIES = ("AUTO", "OFF", "FILE", "DATA", "HINT")
+SERVICE_PROCESSING_MODES = (
+    "parallel_epochs", "distributed_epoch", "off", "dynamic", "file", "data", "file_or_data", "hint"
+)
+
+
+@dataclass
+class InterleaveConfig:
+    """How file-backed sources (TFRecord shards, artificial files) are read in parallel."""
+
+    # Files read at once; 'autotune' lets tf.data decide.
+    cycle_length: Any = 1
+    # Consecutive elements taken from one file before moving to the next.
+    block_length: int = 1
+    # Threads filling the cycle; 1 reads serially.
+    num_parallel_calls: Any = 1
+
+    def __post_init__(self) -> None:
+        check_int_or_autotune("pipeline.interleave.cycle_length", self.cycle_length, 1)
+        check_at_least("pipeline.interleave.block_length", self.block_length, 1)
+        check_int_or_autotune("pipeline.interleave.num_parallel_calls", self.num_parallel_calls, 1)
+
+
+@dataclass
+class TFRecordConfig:
+    """Materialise any source as sharded TFRecord files and read them back."""
+
+    enabled: bool = False
+    num_shards: int = 4
+    compression: str = "NONE"
+    # Files read in parallel by TFRecordDataset; 'autotune' or an int >= 1.
+    num_parallel_reads: Any = AUTOTUNE
+    # Read buffer per file in bytes; null for TensorFlow's default.
+    buffer_size_bytes: Optional[int] = None
+    # Shards are cached here, in a folder named by a hash of their content.
+    directory: str = "outputs/tfrecord_cache"
+
+    def __post_init__(self) -> None:
+        check_at_least("pipeline.tfrecord.num_shards", self.num_shards, 1)
+        check_choice("pipeline.tfrecord.compression", self.compression, COMPRESSIONS)
+        check_int_or_autotune("pipeline.tfrecord.num_parallel_reads", self.num_parallel_reads, 1)
+        if self.buffer_size_bytes is not None:
+            check_at_least("pipeline.tfrecord.buffer_size_bytes", self.buffer_size_bytes, 1)
+
+
+@dataclass
+class SnapshotConfig:
+    """tf.data snapshot of the preprocessed elements; an empty path turns it off."""
+
+    path: str = ""
+    compression: str = "AUTO"
+
+    def __post_init__(self) -> None:
+        check_choice("pipeline.snapshot.compression", self.compression, ("AUTO", "GZIP", "SNAPPY", "NONE"))
+
+
+@dataclass
+class OptionsConfig:
+    """tf.data.Options of the training dataset."""
+
+    autotune: bool = True
+    # Autotuner budgets; null leaves TensorFlow's defaults.
+    autotune_ram_budget_mb: Optional[int] = None
+    autotune_cpu_budget: Optional[int] = None
+    # 0 shares TensorFlow's inter-op pool; n gives the pipeline its own pool of n threads.
+    private_threadpool_size: int = 0
+    # 0 lets each op use all cores; 1 keeps ops single-threaded.
+    max_intra_op_parallelism: int = 0
+    map_and_batch_fusion: bool = True
+    map_parallelization: bool = True
+    noop_elimination: bool = True
+    parallel_batch: bool = True
+    inject_prefetch: bool = True
+    # Slack for prefetch to reduce CPU contention with the step (for multi-device input).
+    slack: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("autotune_ram_budget_mb", "autotune_cpu_budget"):
+            if getattr(self, key) is not None:
+                check_at_least(f"pipeline.options.{key}", getattr(self, key), 1)
+        check_at_least("pipeline.options.private_threadpool_size", self.private_threadpool_size, 0)
+        check_at_least("pipeline.options.max_intra_op_parallelism", self.max_intra_op_parallelism, 0)
+
+
+@dataclass
+class DistributeInputConfig:
+    """How batches reach the replicas."""
+
+    # experimental_distribute_dataset splits global batches; distribute_datasets_from_function
+    # builds one pipeline per worker from its input context (per-replica batches, own shard).
+    method: str = "experimental_distribute_dataset"
+    auto_shard_policy: str = "AUTO"
+    # InputOptions: prefetch batches onto the devices, and how many per replica.
+    fetch_to_device: bool = True
+    per_replica_buffer_size: int = 1
+
+    def __post_init__(self) -> None:
+        check_choice(
+            "pipeline.distribute.method",
+            self.method,
+            ("experimental_distribute_dataset", "distribute_datasets_from_function"),
+        )
+        check_choice("pipeline.distribute.auto_shard_policy", self.auto_shard_policy, AUTO_SHARD_POLICIES)
+        check_at_least("pipeline.distribute.per_replica_buffer_size", self.per_replica_buffer_size, 1)
+
+
+@dataclass
+class DataServiceConfig:
+    """tf.data service: preprocessing on dispatcher-managed workers instead of the trainer."""
+
+    mode: str = "off"
+    # remote: the dispatcher's address, e.g. grpc://10.0.0.5:5050.
+    address: str = ""
+    # local: workers started in this process on 127.0.0.1.
+    num_workers: int = 2
+    processing_mode: str = "parallel_epochs"
+    compression: str = "AUTO"
+    job_name: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        check_choice("pipeline.service.mode", self.mode, ("off", "local", "remote"))
+        check_choice("pipeline.service.processing_mode", self.processing_mode, SERVICE_PROCESSING_MODES)
+        check_choice("pipeline.service.compression", self.compression, ("AUTO", "NONE"))
+        check_at_least("pipeline.service.num_workers", self.num_workers, 1)
+        if self.mode == "remote" and not self.address:
+            raise ConfigError("pipeline.service.mode='remote' needs pipeline.service.address (grpc://host:port)")
+
 
 @dataclass
 class PipelineConfig:
     name: str = MISSING
     shuffle_buffer: int = 1024
+    # null shuffles with the run's seed.
+    shuffle_seed: Optional[int] = None
     # Batches to prefetch: 0 disables prefetching, 'autotune' lets tf.data decide.
     prefetch: Any = AUTOTUNE
     # Parallel calls of the preprocessing map: 1 runs it serially.
     map_parallelism: Any = AUTOTUNE
+    # Batch before the map, so the preprocessing runs once per batch on whole tensors.
+    vectorized_map: bool = False
     deterministic: bool = True
+    # Rounds of random jitter applied to every example: preprocessing cost on the host.
+    augment_repeats: int = 0
     cache: str = "off"
     cache_path: str = ""
     # Host dtype of the features: the cast and normalisation happen on the device.
     transfer_dtype: str = "float32"
+    interleave: InterleaveConfig = field(default_factory=InterleaveConfig)
+    tfrecord: TFRecordConfig = field(default_factory=TFRecordConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    options: OptionsConfig = field(default_factory=OptionsConfig)
+    distribute: DistributeInputConfig = field(default_factory=DistributeInputConfig)
+    service: DataServiceConfig = field(default_factory=DataServiceConfig)
 
     def __post_init__(self) -> None:
         check_at_least("pipeline.shuffle_buffer", self.shuffle_buffer, 0)
         check_int_or_autotune("pipeline.prefetch", self.prefetch, 0)
         check_int_or_autotune("pipeline.map_parallelism", self.map_parallelism, 1)
+        check_at_least("pipeline.augment_repeats", self.augment_repeats, 0)
         check_choice("pipeline.cache", self.cache, ("off", "memory", "file"))
         if self.cache == "file" and not self.cache_path:
             raise ConfigError("pipeline.cache='file' needs pipeline.cache_path (a file prefix)")
@@ -289,7 +479,41 @@ class TrainConfig:
 
 
 @dataclass
+class MeasureConfig:
+    """Figures beyond the timed loop; each costs extra time, so each can be turned off."""
+
+    # Also measure the compute ceiling (the step on batches already on the device) and the
+    # input ceiling (the distributed dataset iterated alone), `ceiling_steps` steps each.
+    ceilings: bool = False
+    ceiling_steps: int = 30
+    # Host memcpy bandwidth, the physical reference for bytes/s.
+    memcpy_bandwidth: bool = True
+    # Inference throughput and latency for these batch sizes after training ([] = off).
+    inference_batch_sizes: List[int] = field(default_factory=list)
+    inference_batches: int = 20
+    # Capture a TensorFlow profile of steps [profile_start_step, + profile_num_steps); 0 = off.
+    profile_start_step: int = 10
+    profile_num_steps: int = 0
+    # A live progress bar on interactive terminals.
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_at_least("measure.ceiling_steps", self.ceiling_steps, 2)
+        check_at_least("measure.inference_batches", self.inference_batches, 2)
+        if self.inference_batch_sizes and min(self.inference_batch_sizes) < 1:
+            raise ConfigError(f"measure.inference_batch_sizes={self.inference_batch_sizes!r}; expected sizes >= 1")
+        check_at_least("measure.profile_start_step", self.profile_start_step, 0)
+        check_at_least("measure.profile_num_steps", self.profile_num_steps, 0)
+
+
+MODES = ("train", "input", "inference")
+
+
+@dataclass
 class Config:
+    # train: the timed training run; input: iterate the distributed dataset alone (the input
+    # ceiling); inference: forward passes of a freshly built model.
+    mode: str = "train"
     data: Any = MISSING
     split: Any = MISSING
     pipeline: Any = MISSING
@@ -298,9 +522,11 @@ class Config:
     model: Any = MISSING
     tracking: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_choice("mode", self.mode, MODES)
         check_valid_combination(self)
 
     @property
@@ -327,6 +553,13 @@ def check_valid_combination(config: Config) -> None:
             "device.precision='mixed_float16' is slow and unsupported on CPU; "
             "use 'float32' or 'mixed_bfloat16' with device=cpu"
         )
+    if config.split.name == "stratified" and config.data.name in ("artificial", "tfrecord"):
+        raise ConfigError(
+            f"split=stratified needs the labels in memory, which data={config.data.name} streams "
+            "from files; use split=uniform (files are held out whole)"
+        )
+    if config.data.name == "artificial" and config.device.jit_compile and config.data.step_compute_s:
+        raise ConfigError("data.step_compute_s sleeps in Python, which XLA cannot compile; set device.jit_compile=false")
     num_replicas = config.num_replicas
     if num_replicas and config.train.global_batch_size % num_replicas:
         raise ConfigError(
@@ -337,7 +570,12 @@ def check_valid_combination(config: Config) -> None:
 
 
 SCHEMAS = {
-    "data": {"digits": DigitsData, "synthetic": SyntheticData},
+    "data": {
+        "digits": DigitsData,
+        "synthetic": SyntheticData,
+        "artificial": ArtificialData,
+        "tfrecord": TFRecordData,
+    },
     "split": {"uniform": SplitConfig, "stratified": SplitConfig},
     "pipeline": {"base": PipelineConfig},
     "device": {"cpu": CpuDevice, "gpu": GpuDevice, "tpu": TpuDevice},
@@ -350,19 +588,24 @@ SCHEMAS = {
 def unknown_key_message(override: str) -> Optional[str]:
     """Why a command-line `group.key=value` names no key, listing the keys that exist.
 
-    OmegaConf rejects unknown keys too; this says which keys the group does have.
+    OmegaConf rejects unknown keys too; this also says which keys the group does have,
+    following nested sections such as `pipeline.interleave.cycle_length`.
     """
     key = override.split("=", 1)[0]
     if "=" not in override or key.startswith(("+", "~", "hydra", "-")) or "." not in key:
         return None
-    group, name = key.split(".")[:2]
-    schemas = {"train": [TrainConfig]}.get(group) or list(SCHEMAS.get(group, {}).values())
-    if not schemas:
-        return None
-    names = sorted({field.name for schema in schemas for field in dataclasses.fields(schema)})
-    if name in names:
-        return None
-    return f"{group}.{name} is not a key of '{group}'; its keys are: {', '.join(names)}"
+    group, *path = key.split(".")
+    schemas = {"train": [TrainConfig], "measure": [MeasureConfig]}.get(group) or list(SCHEMAS.get(group, {}).values())
+    section = group
+    for name in path:
+        fields = {field.name: field for schema in schemas for field in dataclasses.fields(schema)}
+        if not fields:
+            return None
+        if name not in fields:
+            return f"{section}.{name} is not a key of '{section}'; its keys are: {', '.join(sorted(fields))}"
+        schemas = [fields[name].type] if dataclasses.is_dataclass(fields[name].type) else []
+        section = f"{section}.{name}"
+    return None
 
 
 def register_configs() -> None:

@@ -55,3 +55,23 @@ def replica_devices(strategy, devices: DeviceSetup):
         return list(strategy.extended.worker_devices)
     except RuntimeError:
         return devices.device_names[:1]
+
+
+def distribute_input(strategy, config, make_dataset):
+    """Distribute the training or validation input as pipeline.distribute says.
+
+    Args:
+        strategy: the tf.distribute strategy.
+        config: pipeline.distribute.
+        make_dataset: input context (None with experimental_distribute_dataset, which then
+            splits global batches) -> tf.data.Dataset.
+    """
+    import tensorflow as tf
+
+    options = tf.distribute.InputOptions(
+        experimental_fetch_to_device=config.fetch_to_device,
+        experimental_per_replica_buffer_size=config.per_replica_buffer_size,
+    )
+    if config.method == "distribute_datasets_from_function":
+        return strategy.distribute_datasets_from_function(make_dataset, options=options)
+    return strategy.experimental_distribute_dataset(make_dataset(None), options=options)

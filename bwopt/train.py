@@ -43,8 +43,14 @@ class StepFunctions:
     evaluate_step: Callable
 
 
-def make_step_functions(strategy, model, optimizer, global_batch_size: int, feature_scale: float, jit_compile: bool):
-    """Distributed train and evaluation steps, each returning (summed loss, correct count) over replicas."""
+def make_step_functions(
+    strategy, model, optimizer, global_batch_size: int, feature_scale: float, jit_compile: bool,
+    step_compute_s: float = 0.0,
+):
+    """Distributed train and evaluation steps, each returning (summed loss, correct count) over replicas.
+
+    `step_compute_s` adds a known sleep to every train step (the artificial workload).
+    """
     import keras
     import tensorflow as tf
 
@@ -77,6 +83,9 @@ def make_step_functions(strategy, model, optimizer, global_batch_size: int, feat
     def replica_train(features, labels):
         gradients, replica_sums = forward_backward(features, labels)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        if step_compute_s:
+            slept = tf.py_function(lambda: time.sleep(step_compute_s) or 0.0, [], tf.float32)
+            replica_sums = (replica_sums[0] + slept, replica_sums[1])
         return replica_sums
 
     def replica_evaluate(features, labels):

@@ -25,6 +25,10 @@ def test_every_option_of_every_group_composes_and_validates(group, option):
         overrides.append("strategy=tpu")
     if group == "strategy" and option == "tpu":
         overrides.append("device=tpu")
+    if group == "data" and option in ("artificial", "tfrecord"):
+        overrides.append("split=uniform")
+    if group == "data" and option == "tfrecord":
+        overrides += ["data.file_pattern=/data/*.tfrecord", "data.feature_shape=[8]", "data.num_classes=2"]
     config = validate(compose_config(overrides))
     assert isinstance(config, Config)
     assert getattr(config, group).name == option
@@ -69,6 +73,13 @@ def test_batch_must_divide_by_replicas():
         validate(compose_config(["strategy=mirrored", "train.global_batch_size=63"]))
 
 
+def test_file_sources_cannot_be_stratified_and_tfrecord_needs_its_files():
+    with pytest.raises(ConfigError, match="split=stratified needs the labels in memory.*use split=uniform"):
+        validate(compose_config(["data=artificial"]))
+    with pytest.raises(ConfigError, match="missing mandatory value: file_pattern\n    full_key: data.file_pattern"):
+        validate(compose_config(["data=tfrecord", "split=uniform"]))
+
+
 def test_tpu_strategy_needs_tpu_device():
     with pytest.raises(ConfigError, match="strategy=tpu needs device=tpu"):
         validate(compose_config(["strategy=tpu"]))
@@ -76,7 +87,11 @@ def test_tpu_strategy_needs_tpu_device():
 
 BAD_COMMAND_LINES = {
     "unknown option": (["strategy=warp"], ["strategy/warp", "default", "mirrored", "one_device"]),
-    "unknown key": (["pipeline.prefetchh=2"], ["pipeline.prefetchh", "map_parallelism, name, prefetch"]),
+    "unknown key": (["pipeline.prefetchh=2"], ["pipeline.prefetchh", "its keys are: augment_repeats,", " prefetch,"]),
+    "unknown nested key": (
+        ["pipeline.interleave.cycle_lenght=2"],
+        ["pipeline.interleave.cycle_lenght", "block_length, cycle_length, num_parallel_calls"],
+    ),
     "wrong type": (["train.epochs=many"], ["train.epochs", "many", "Integer"]),
     "negative prefetch": (["pipeline.prefetch=-3"], ["pipeline.prefetch=-3", ">= 0"]),
     "zero batch": (["train.global_batch_size=0"], ["train.global_batch_size=0", ">= 1"]),

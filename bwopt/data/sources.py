@@ -1,9 +1,19 @@
-"""Data sources: each returns the whole data set as host arrays with what the model needs to know."""
+"""Data sources.
 
+Two kinds: an `ArraySource` holds the whole data set as host arrays (digits, synthetic), so it
+can be split by example and materialised as TFRecord shards; a `FileSource` streams examples
+from files (artificial, the user's TFRecord files), split by file and read through interleave.
+Nothing here imports TensorFlow at module level.
+"""
+
+import glob
+import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
+
+from bwopt.data.records import count_records
 
 
 @dataclass
@@ -21,14 +31,47 @@ class ArraySource:
     labels: np.ndarray
     num_classes: int
     feature_scale: float
+    step_compute_s: float = 0.0
 
     @property
     def feature_shape(self) -> Tuple[int, ...]:
         return tuple(self.features.shape[1:])
 
     @property
+    def feature_dtype(self) -> str:
+        return self.features.dtype.name
+
+    @property
     def num_examples(self) -> int:
         return len(self.labels)
+
+    @property
+    def value_range(self) -> Tuple[float, float]:
+        return float(self.features.min()), float(self.features.max())
+
+
+@dataclass
+class FileSource:
+    """Examples streamed from files.
+
+    Attributes:
+        train_files, validation_files: paths (or names) handed to `open_file`.
+        open_file: path tensor -> tf.data.Dataset of (features, int32 label) examples.
+        num_train_examples, num_validation_examples: examples in each set of files.
+        step_compute_s: extra time each train step spends (the artificial workload).
+    """
+
+    train_files: List[str]
+    validation_files: List[str]
+    open_file: Callable
+    feature_shape: Tuple[int, ...]
+    feature_dtype: str
+    num_classes: int
+    feature_scale: float
+    num_train_examples: int
+    num_validation_examples: int
+    step_compute_s: float = 0.0
+    value_range: Optional[Tuple[float, float]] = None
 
 
 def load_digits(config, seed: int) -> ArraySource:
@@ -57,12 +100,90 @@ def load_synthetic(config, seed: int) -> ArraySource:
     return ArraySource(features, labels, config.num_classes, 1.0)
 
 
-SOURCES: Dict[str, Callable] = {"digits": load_digits, "synthetic": load_synthetic}
+def held_out_files(files: List[str], validation_fraction: float) -> Tuple[List[str], List[str]]:
+    """The last round(fraction x files) files (at least one, never all) are validation."""
+    if len(files) < 2:
+        raise ValueError(f"{len(files)} file(s): at least 2 are needed to hold out validation files")
+    num_validation = min(len(files) - 1, max(1, int(round(validation_fraction * len(files)))))
+    return files[:-num_validation], files[-num_validation:]
 
 
-def load_source(config, seed: int) -> ArraySource:
-    try:
-        loader = SOURCES[config.name]
-    except KeyError:
-        raise ValueError(f"unknown data source {config.name!r}; expected one of: {', '.join(SOURCES)}")
-    return loader(config, seed)
+def load_artificial(config, seed: int, validation_fraction: float) -> FileSource:
+    """Virtual files whose opening and reading sleep for the configured latencies.
+
+    An example's features are all equal to its label, so the model has something to learn.
+    """
+    names = [f"artificial-{index:04d}" for index in range(config.num_files)]
+    train_files, validation_files = held_out_files(names, validation_fraction)
+    shape = tuple(config.feature_shape)
+
+    def examples(name):
+        file_index = int(name.decode().rsplit("-", 1)[1])
+        time.sleep(config.file_open_latency_s)
+        for index in range(config.examples_per_file):
+            time.sleep(config.element_latency_s)
+            label = (file_index * config.examples_per_file + index) % config.num_classes
+            yield np.full(shape, label, np.float32), np.int32(label)
+
+    def open_file(name):
+        import tensorflow as tf
+
+        signature = (tf.TensorSpec(shape, tf.float32), tf.TensorSpec((), tf.int32))
+        return tf.data.Dataset.from_generator(examples, output_signature=signature, args=(name,))
+
+    return FileSource(
+        train_files, validation_files, open_file, shape, "float32", config.num_classes, 1.0,
+        len(train_files) * config.examples_per_file, len(validation_files) * config.examples_per_file,
+        step_compute_s=config.step_compute_s,
+    )
+
+
+def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
+    """The user's TFRecord files: `feature_key` holds raw bytes, `label_key` an int64."""
+    train_files = sorted(glob.glob(config.file_pattern))
+    if not train_files:
+        raise FileNotFoundError(f"data.file_pattern={config.file_pattern!r} matches no file")
+    if config.validation_file_pattern:
+        validation_files = sorted(glob.glob(config.validation_file_pattern))
+        if not validation_files:
+            raise FileNotFoundError(f"data.validation_file_pattern={config.validation_file_pattern!r} matches no file")
+    else:
+        train_files, validation_files = held_out_files(train_files, validation_fraction)
+    shape = tuple(config.feature_shape)
+
+    def open_file(path):
+        import tensorflow as tf
+
+        spec = {
+            config.feature_key: tf.io.FixedLenFeature([], tf.string),
+            config.label_key: tf.io.FixedLenFeature([], tf.int64),
+        }
+
+        def parse(record):
+            example = tf.io.parse_single_example(record, spec)
+            features = tf.io.decode_raw(example[config.feature_key], tf.dtypes.as_dtype(config.feature_dtype))
+            return tf.reshape(features, shape), tf.cast(example[config.label_key], tf.int32)
+
+        return tf.data.TFRecordDataset(path, compression_type=config.compression).map(parse)
+
+    def count(files):
+        return sum(count_records(path, config.compression) for path in files)
+
+    return FileSource(
+        train_files, validation_files, open_file, shape, config.feature_dtype, config.num_classes,
+        config.feature_scale, count(train_files), count(validation_files),
+    )
+
+
+ARRAY_SOURCES: Dict[str, Callable] = {"digits": load_digits, "synthetic": load_synthetic}
+FILE_SOURCES: Dict[str, Callable] = {"artificial": load_artificial, "tfrecord": load_tfrecord}
+
+
+def load_source(config, seed: int, validation_fraction: float = 0.2):
+    """An ArraySource or a FileSource for `data.name`."""
+    if config.name in ARRAY_SOURCES:
+        return ARRAY_SOURCES[config.name](config, seed)
+    if config.name in FILE_SOURCES:
+        return FILE_SOURCES[config.name](config, seed, validation_fraction)
+    choices = ", ".join([*ARRAY_SOURCES, *FILE_SOURCES])
+    raise ValueError(f"unknown data source {config.name!r}; expected one of: {choices}")

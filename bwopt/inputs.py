@@ -1,0 +1,142 @@
+"""From a data source to the batches a strategy distributes: split, shard, materialise, pipeline.
+
+`plan` fixes the sizes before TensorFlow is imported; `Inputs` builds the training and
+validation datasets for each input pipeline (one per worker), honouring the split, the
+per-worker shard, TFRecord materialisation and the tf.data service.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, Optional
+
+import numpy as np
+
+from bwopt.data.sources import ArraySource
+from bwopt.data.split import shard, train_validation_split
+from bwopt.schema import ConfigError
+
+LABEL_BYTES = 4  # int32
+
+
+@dataclass
+class InputPlan:
+    """Sizes fixed before any TensorFlow work.
+
+    Attributes:
+        train_indices, validation_indices: example indices of an ArraySource (None for files).
+        num_train_examples, num_validation_examples: examples in each split.
+        steps_per_epoch: training steps per epoch.
+        bytes_per_example: host bytes of one example as transferred (features + label).
+    """
+
+    train_indices: Optional[np.ndarray]
+    validation_indices: Optional[np.ndarray]
+    num_train_examples: int
+    num_validation_examples: int
+    steps_per_epoch: int
+    bytes_per_example: int
+
+
+def transfer_itemsize(dtype: str) -> int:
+    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize  # NumPy has no bfloat16
+
+
+def plan(config, source) -> InputPlan:
+    """Split the source and size the epoch; raises ConfigError when nothing would be timed."""
+    train_indices = validation_indices = None
+    if isinstance(source, ArraySource):
+        train_indices, validation_indices = train_validation_split(
+            source.labels, config.split.name, config.split.validation_fraction, config.seed
+        )
+        num_train, num_validation = len(train_indices), len(validation_indices)
+    else:
+        num_train, num_validation = source.num_train_examples, source.num_validation_examples
+    batch = config.train.global_batch_size
+    steps_per_epoch = config.train.steps_per_epoch or num_train // batch
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"train.global_batch_size={batch} is larger than the {num_train} training examples; "
+            "use a smaller batch"
+        )
+    if config.mode == "train" and config.train.epochs * steps_per_epoch <= config.train.warmup_steps:
+        raise ConfigError(
+            f"train.warmup_steps={config.train.warmup_steps} leaves no step to time out of "
+            f"{config.train.epochs * steps_per_epoch}; lower it or train longer"
+        )
+    bytes_per_example = int(np.prod(source.feature_shape)) * transfer_itemsize(config.pipeline.transfer_dtype)
+    return InputPlan(
+        train_indices, validation_indices, num_train, num_validation, steps_per_epoch,
+        bytes_per_example + LABEL_BYTES,
+    )
+
+
+class Inputs:
+    """Builds per-pipeline datasets; TFRecord shards are written once, on first use."""
+
+    def __init__(self, config, source, sizes: InputPlan, service: Optional[Callable] = None) -> None:
+        self.config = config
+        self.source = source
+        self.sizes = sizes
+        self.service = service
+        self.tfrecords: Dict[str, object] = {}
+
+    @property
+    def materialised(self) -> bool:
+        return isinstance(self.source, ArraySource) and self.config.pipeline.tfrecord.enabled
+
+    def tfrecord_files(self, training: bool):
+        """The TFRecord shards of one split, written (or found in the cache) on first use."""
+        from bwopt.data.tfrecord import materialise
+
+        split = "train" if training else "validation"
+        if split not in self.tfrecords:
+            indices = self.sizes.train_indices if training else self.sizes.validation_indices
+            settings = self.config.pipeline.tfrecord
+            self.tfrecords[split] = materialise(
+                self.source.features[indices], self.source.labels[indices],
+                directory=settings.directory, num_shards=settings.num_shards, compression=settings.compression,
+            )
+        return self.tfrecords[split]
+
+    def elements(self, training: bool, num_pipelines: int = 1, pipeline_id: int = 0):
+        """Single examples of one split, for input pipeline `pipeline_id` of `num_pipelines`."""
+        from bwopt.pipeline import array_elements, file_elements
+
+        pipeline = self.config.pipeline
+        if self.materialised:
+            from bwopt.data.tfrecord import read_dataset
+
+            files = self.tfrecord_files(training)
+            paths = files.paths[pipeline_id::num_pipelines] if len(files.paths) >= num_pipelines else files.paths
+            dataset = read_dataset(
+                replace(files, paths=paths), pipeline.tfrecord.num_parallel_reads,
+                pipeline.tfrecord.buffer_size_bytes, pipeline.map_parallelism,
+            )
+            return dataset if len(files.paths) >= num_pipelines else dataset.shard(num_pipelines, pipeline_id)
+        if isinstance(self.source, ArraySource):
+            indices = self.sizes.train_indices if training else self.sizes.validation_indices
+            if num_pipelines > 1:
+                indices = shard(indices, self.source.labels, self.config.split.name, num_pipelines, pipeline_id)
+            return array_elements(self.source.features[indices], self.source.labels[indices])
+        files = self.source.train_files if training else self.source.validation_files
+        if len(files) >= num_pipelines:
+            return file_elements(pipeline, files[pipeline_id::num_pipelines], self.source.open_file)
+        return file_elements(pipeline, files, self.source.open_file).shard(num_pipelines, pipeline_id)
+
+    def dataset(self, training: bool, input_context=None):
+        """Batches for one input pipeline: global batches, or per-replica ones under a context."""
+        from bwopt.pipeline import build_dataset
+
+        batch = self.config.train.global_batch_size
+        num_pipelines, pipeline_id = 1, 0
+        if input_context is not None:
+            batch = input_context.get_per_replica_batch_size(batch)
+            num_pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
+        return build_dataset(
+            self.config.pipeline,
+            self.elements(training, num_pipelines, pipeline_id),
+            batch,
+            training=training,
+            seed=self.config.seed,
+            value_range=self.source.value_range,
+            service=self.service if training else None,
+        )
