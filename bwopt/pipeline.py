@@ -41,16 +41,23 @@ def file_elements(config, paths: Sequence[str], open_file: Callable):
         open_file,
         cycle_length=tf_count(interleave.cycle_length),
         block_length=interleave.block_length,
-        num_parallel_calls=None if parallel == 1 else tf_count(parallel),
-        deterministic=config.deterministic,
+        **parallel_arguments(config, parallel),
     )
+
+
+def parallel_arguments(config, parallelism) -> dict:
+    """num_parallel_calls and deterministic for a map or interleave; none when it runs serially."""
+    if parallelism == 1:
+        return {}
+    return {"num_parallel_calls": tf_count(parallelism), "deterministic": config.deterministic}
 
 
 def make_preprocess(config, value_range: Optional[tuple], augment: bool):
     """Cast to the transfer dtype, after `augment_repeats` rounds of random jitter.
 
-    Each round adds uniform noise of half a quantisation step and rounds back, so the values
-    barely move while the host pays for real elementwise work: a knob for input-bound workloads.
+    Each round moves every value by -1, 0 or +1 quantisation step (uniform noise, rounded,
+    clipped to the source's range): real elementwise work on the host, a knob for making a
+    workload input-bound. Validation data is never augmented.
     """
     import tensorflow as tf
 
@@ -61,7 +68,7 @@ def make_preprocess(config, value_range: Optional[tuple], augment: bool):
         if rounds:
             values = tf.cast(features, tf.float32)
             for _ in range(rounds):
-                values = tf.round(values + tf.random.uniform(tf.shape(values), -0.49, 0.49))
+                values = tf.round(values + tf.random.uniform(tf.shape(values), -1.0, 1.0))
             if value_range is not None:
                 values = tf.clip_by_value(values, *value_range)
             features = tf.cast(values, features.dtype)
@@ -97,10 +104,10 @@ def build_dataset(
     import tensorflow as tf
 
     preprocess = make_preprocess(config, value_range, augment=training)
-    parallel = None if config.map_parallelism == 1 else tf_count(config.map_parallelism)
+    parallel = parallel_arguments(config, config.map_parallelism)
     dataset = elements
     if not config.vectorized_map:
-        dataset = dataset.map(preprocess, num_parallel_calls=parallel, deterministic=config.deterministic)
+        dataset = dataset.map(preprocess, **parallel)
     if training:
         dataset = cache_and_snapshot(config, dataset)
         if config.shuffle_buffer > 0:
@@ -109,7 +116,7 @@ def build_dataset(
         dataset = dataset.repeat()
     dataset = dataset.batch(batch_size, drop_remainder=training)
     if config.vectorized_map:
-        dataset = dataset.map(preprocess, num_parallel_calls=parallel, deterministic=config.deterministic)
+        dataset = dataset.map(preprocess, **parallel)
     if training and service is not None:
         dataset = service(dataset)
     if config.prefetch != 0:
