@@ -101,7 +101,6 @@ def build_dataset(
         value_range: (min, max) of the stored features, kept by augmentation.
         service: applied to the batched dataset to send it through the tf.data service.
     """
-    import tensorflow as tf
 
     preprocess = make_preprocess(config, value_range, augment=training)
     parallel = parallel_arguments(config, config.map_parallelism)

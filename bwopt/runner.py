@@ -1,13 +1,12 @@
-"""Build everything from a validated config, run the timed training, and track it."""
+"""Build everything from a validated config, run the timed mode, and track it."""
 
 import json
 import os
 import sys
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
-
-import numpy as np
 
 from bwopt.data.sources import load_source
 from bwopt.inputs import InputPlan, Inputs, plan
@@ -21,19 +20,44 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 @dataclass
 class Summary:
-    """What one run measured; also written as summary.json in the run folder."""
+    """What one run measured; also written as summary.json in the run folder.
+
+    Attributes:
+        figures: the timed loop's figures (bwopt.measure.TimingFigures).
+        measurements: every other run-level figure, by its MLflow metric name.
+        final_metrics: the last epoch's loss, accuracy, val_loss, val_accuracy.
+    """
 
     run_id: Optional[str]
     status: str
+    mode: str
     num_replicas: int = 0
     devices: List[str] = field(default_factory=list)
     figures: Optional[TimingFigures] = None
+    measurements: Dict[str, float] = field(default_factory=dict)
     final_metrics: Dict[str, float] = field(default_factory=dict)
+    recommendation: Optional[str] = None
 
     @property
     def objective(self) -> float:
-        """The value a sweeper maximises: training throughput in examples/s."""
+        """The value a sweeper maximises: throughput in examples/s."""
         return self.figures.throughput_examples_per_s if self.figures else float("nan")
+
+
+@dataclass
+class Session:
+    """The objects a mode works with, built once by `_set_up`."""
+
+    config: Config
+    source: object
+    sizes: InputPlan
+    strategy: object
+    inputs: Inputs
+    tracker: object
+    timer: StepTimer
+    summary: Summary
+    output_dir: Path
+    model: object = None
 
 
 def run(config: Config, output_dir: Path, resolved: dict) -> Summary:
@@ -42,26 +66,27 @@ def run(config: Config, output_dir: Path, resolved: dict) -> Summary:
     source = load_source(config.data, config.seed, config.split.validation_fraction)
     sizes = plan(config, source)
     tracker = build_tracker(config.tracking)
-    summary = Summary(run_id=tracker.start(flatten(resolved), tags={}), status="FAILED")
+    summary = Summary(run_id=tracker.start(flatten(resolved), tags={"mode": config.mode}), status="FAILED", mode=config.mode)
     timer = StepTimer()
+    session = None
     try:
-        summary.final_metrics = _train(config, source, sizes, tracker, timer, summary)
+        with ExitStack() as resources:
+            session = _set_up(config, source, sizes, tracker, timer, summary, output_dir, resources)
+            MODES[config.mode](session)
         summary.status = "FINISHED"
     except KeyboardInterrupt:
         summary.status = "KILLED"
         raise
     finally:
-        _finish(config, sizes, tracker, timer, summary, output_dir, resolved)
+        _finish(config, sizes, tracker, timer, summary, output_dir, resolved, session)
     return summary
 
 
-def _train(config: Config, source, sizes: InputPlan, tracker, timer: StepTimer, summary: Summary) -> Dict[str, float]:
+def _set_up(config, source, sizes, tracker, timer, summary, output_dir, resources: ExitStack) -> Session:
     import tensorflow as tf
 
     from bwopt.devices import configure
-    from bwopt.models import build_model, build_optimizer
-    from bwopt.strategies import build_strategy, distribute_input, replica_devices
-    from bwopt.train import make_step_functions, train
+    from bwopt.strategies import build_strategy, replica_devices
 
     tf.keras.utils.set_random_seed(config.seed)
     devices = configure(config.device)
@@ -81,72 +106,256 @@ def _train(config: Config, source, sizes: InputPlan, tracker, timer: StepTimer, 
             "num_replicas": summary.num_replicas,
         }
     )
-    with strategy.scope():
+    service = _data_service(config.pipeline.service, resources)
+    inputs = Inputs(config, source, sizes, service=service)
+    return Session(config, source, sizes, strategy, inputs, tracker, timer, summary, output_dir)
+
+
+def _data_service(config, resources: ExitStack):
+    """The tf.data service transformation for pipeline.service (None when off)."""
+    if config.mode == "off":
+        return None
+    from bwopt.data.service import LocalDataService, distribute
+
+    address = config.address
+    if config.mode == "local":
+        service = LocalDataService(config.num_workers, allow_external_interfaces=config.allow_external_interfaces)
+        address = resources.enter_context(service).address
+    return lambda dataset: distribute(dataset, address, config.processing_mode, config.job_name, config.compression)
+
+
+def _distributed(session: Session, training: bool):
+    from bwopt.strategies import distribute_input
+
+    return distribute_input(
+        session.strategy, session.config.pipeline.distribute, lambda context: session.inputs.dataset(training, context)
+    )
+
+
+def _build_model(session: Session):
+    from bwopt.models import build_model, build_optimizer
+
+    config, source = session.config, session.source
+    with session.strategy.scope():
         model = build_model(config.model, source.feature_shape, source.num_classes)
         optimizer = build_optimizer(config.train.optimizer, config.train.learning_rate, config.device.precision)
         optimizer.build(model.trainable_variables)
+    return model, optimizer
 
-    inputs = Inputs(config, source, sizes)
 
-    def distributed(training):
-        return distribute_input(strategy, config.pipeline.distribute, lambda context: inputs.dataset(training, context))
+def run_training(session: Session) -> None:
+    """mode=train: the timed training loop, then the ceilings and inference when asked."""
+    from bwopt.profiling import StepProfiler
+    from bwopt.report import ProgressBar
+    from bwopt.train import make_step_functions, train
+
+    config, sizes, summary = session.config, session.sizes, session.summary
+    model, optimizer = _build_model(session)
+    session.model = model
+    steps = make_step_functions(
+        session.strategy, model, optimizer, config.train.global_batch_size, session.source.feature_scale,
+        config.device.jit_compile, step_compute_s=session.source.step_compute_s,
+    )
+    tracker = session.tracker
 
     def on_epoch_end(epoch: int, metrics: Dict[str, float]) -> None:
         tracker.log_metrics(metrics, step=epoch)
         shown = "  ".join(f"{key} {value:.4f}" for key, value in metrics.items())
         print(f"epoch {epoch + 1}/{config.train.epochs}  {shown}", flush=True)
 
-    steps = make_step_functions(
-        strategy, model, optimizer, config.train.global_batch_size, source.feature_scale, config.device.jit_compile,
-        step_compute_s=source.step_compute_s,
+    profiler = StepProfiler(
+        str(session.output_dir / "profile"), config.measure.profile_start_step, config.measure.profile_num_steps
     )
-    return train(
-        steps,
-        distributed(training=True),
-        distributed(training=False),
-        epochs=config.train.epochs,
-        steps_per_epoch=sizes.steps_per_epoch,
-        examples_per_step=config.train.global_batch_size,
-        num_validation_examples=sizes.num_validation_examples,
-        timer=timer,
-        on_epoch_end=on_epoch_end,
-    )
+    progress = ProgressBar(config.train.epochs, sizes.steps_per_epoch, config.train.global_batch_size)
+    progress.enabled = progress.enabled and config.measure.progress
+    try:
+        summary.final_metrics = train(
+            steps,
+            _distributed(session, training=True),
+            _distributed(session, training=False),
+            epochs=config.train.epochs,
+            steps_per_epoch=sizes.steps_per_epoch,
+            examples_per_step=config.train.global_batch_size,
+            num_validation_examples=sizes.num_validation_examples,
+            timer=session.timer,
+            on_epoch_end=on_epoch_end,
+            progress=progress,
+            profiler=profiler,
+        )
+    finally:
+        profiler.close()
+    if config.measure.profile_num_steps:
+        tracker.log_artifacts(session.output_dir / "profile", "profile")
+    if config.measure.ceilings:
+        _measure_ceilings(session, steps)
+    if config.measure.inference_batch_sizes:
+        _measure_inference(session, model)
 
 
-def _finish(config: Config, sizes: InputPlan, tracker, timer: StepTimer, summary: Summary, output_dir: Path, resolved) -> None:
+def _measure_ceilings(session: Session, steps) -> None:
+    from bwopt.ceilings import compute_ceiling, input_ceiling
+
+    config, measurements = session.config, session.summary.measurements
+    batch, num_steps = config.train.global_batch_size, config.measure.ceiling_steps
+    warmup = min(config.train.warmup_steps, num_steps)
+    examples_per_s, bytes_per_s = input_ceiling(
+        _distributed(session, training=True), num_steps, warmup, batch, batch * session.sizes.bytes_per_example
+    )
+    measurements["input_ceiling_examples_per_s"] = examples_per_s
+    measurements["input_ceiling_bytes_per_s"] = bytes_per_s
+    on_device = next(iter(_distributed(session, training=True)))
+    measurements["compute_ceiling_examples_per_s"] = compute_ceiling(steps.train_step, on_device, num_steps, warmup, batch)
+
+
+def _measure_inference(session: Session, model) -> None:
+    from bwopt.inference import measure_inference
+
+    config, source = session.config, session.source
+    with session.strategy.scope():
+        results = measure_inference(
+            model, source.feature_shape, config.pipeline.transfer_dtype, config.measure.inference_batch_sizes,
+            config.measure.inference_batches, warmup_batches=2, feature_scale=source.feature_scale,
+        )
+    for figures in results:
+        session.summary.measurements.update(figures.metrics())
+
+
+def run_input_only(session: Session) -> None:
+    """mode=input: iterate the distributed training dataset alone, timed like training steps.
+
+    Input wait is the time in `next()`; "compute" is only the wait until every per-replica
+    tensor is materialised. Throughput is then the input ceiling of this pipeline.
+    """
+    import time
+
+    from bwopt.ceilings import wait_for_batch
+    from bwopt.train import STOP
+
+    config = session.config
+    iterator = iter(_distributed(session, training=True))
+    for _ in range(config.train.epochs * session.sizes.steps_per_epoch):
+        started = time.perf_counter()
+        batch = next(iterator)
+        fetched = time.perf_counter()
+        wait_for_batch(batch)
+        session.timer.record(fetched - started, time.perf_counter() - fetched)
+        STOP.check()
+
+
+def run_inference_only(session: Session) -> None:
+    """mode=inference: forward passes of a freshly built model at measure.inference_batch_sizes."""
+    if not session.config.measure.inference_batch_sizes:
+        raise ConfigError("mode=inference needs measure.inference_batch_sizes, e.g. [1,32,256]")
+    model, _ = _build_model(session)
+    _measure_inference(session, model)
+
+
+MODES = {"train": run_training, "input": run_input_only, "inference": run_inference_only}
+
+
+def _finish(config, sizes, tracker, timer, summary, output_dir, resolved, session) -> None:
     """Keep what was measured, even when the run failed part-way."""
     from omegaconf import OmegaConf
 
-    if timer.num_steps > config.train.warmup_steps:
+    from bwopt.measure import host_memcpy_bandwidth_bytes_per_s, peak_host_rss_bytes
+
+    measurements = summary.measurements
+    warmup = config.train.warmup_steps if config.mode == "train" else min(config.train.warmup_steps, timer.num_steps - 1)
+    if timer.num_steps > warmup:
         summary.figures = timing_figures(
-            timer,
-            config.train.warmup_steps,
-            config.train.global_batch_size,
-            config.train.global_batch_size * sizes.bytes_per_example,
+            timer, warmup, config.train.global_batch_size, config.train.global_batch_size * sizes.bytes_per_example,
+            excluded=_profiled_steps(config),
         )
-        tracker.log_metrics(summary.figures.metrics())
         tracker.set_tags({"input_bound_verdict": summary.figures.input_bound_verdict})
+    if session is not None and session.inputs.materialised:
+        measurements.update(_tfrecord_figures(session))
+    # Before the memcpy test, whose two buffers would raise the peak.
+    measurements["peak_host_rss_bytes"] = peak_host_rss_bytes()
+    if config.measure.memcpy_bandwidth:
+        measurements["host_memcpy_bytes_per_s"] = host_memcpy_bandwidth_bytes_per_s()
+        if summary.figures:
+            measurements["bytes_per_s_to_memcpy_ratio"] = (
+                summary.figures.throughput_bytes_per_s / measurements["host_memcpy_bytes_per_s"]
+            )
+    _device_memory(summary, measurements)
+    _efficiency_and_recommendation(config, summary)
+    tracker.log_metrics({**(summary.figures.metrics() if summary.figures else {}), **measurements})
+    if summary.recommendation:
+        tracker.set_tags({"recommendation": summary.recommendation})
     OmegaConf.save(OmegaConf.create(resolved), output_dir / "config.yaml")
     (output_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
-    tracker.log_artifacts(output_dir / "config.yaml")
-    tracker.log_artifacts(output_dir / "summary.json")
+    for name in ("config.yaml", "summary.json"):
+        tracker.log_artifacts(output_dir / name)
     tracker.log_artifacts(output_dir / ".hydra", ".hydra")
     tracker.end(summary.status)
     print_summary(summary, file=sys.stdout if summary.status == "FINISHED" else sys.stderr)
 
 
+def _profiled_steps(config) -> range:
+    start = config.measure.profile_start_step
+    return range(start, start + config.measure.profile_num_steps)
+
+
+def _tfrecord_figures(session: Session) -> Dict[str, float]:
+    """Size, compression ratio and read throughput of the training split's TFRecord shards."""
+    from bwopt.data.tfrecord import measure_read_throughput
+
+    files = session.inputs.tfrecords.get("train")
+    if files is None:
+        return {}
+    settings = session.config.pipeline.tfrecord
+    read = measure_read_throughput(files, settings.num_parallel_reads, settings.buffer_size_bytes)
+    return {
+        "tfrecord_bytes_on_disk": files.bytes_on_disk,
+        "tfrecord_compression_ratio": files.compression_ratio,
+        "tfrecord_read_bytes_per_s": read["read_bytes_per_s"],
+        "tfrecord_read_examples_per_s": read["read_examples_per_s"],
+    }
+
+
+def _device_memory(summary: Summary, measurements: Dict[str, float]) -> None:
+    if "tensorflow" not in sys.modules or not summary.devices:
+        return
+    from bwopt.measure import peak_device_memory_bytes
+
+    peaks = peak_device_memory_bytes(summary.devices)
+    if peaks:
+        measurements["peak_device_memory_bytes"] = max(peaks.values())
+
+
+def _efficiency_and_recommendation(config, summary: Summary) -> None:
+    from bwopt.measure import efficiency, recommend
+
+    if not summary.figures or config.mode != "train":
+        return
+    measurements = summary.measurements
+    compute = measurements.get("compute_ceiling_examples_per_s")
+    input_ = measurements.get("input_ceiling_examples_per_s")
+    ratio = efficiency(summary.figures.throughput_examples_per_s, compute, input_)
+    if ratio is not None:
+        measurements["efficiency"] = ratio
+    pipeline = config.pipeline
+    summary.recommendation = recommend(
+        summary.figures,
+        prefetch=pipeline.prefetch,
+        map_parallelism=pipeline.map_parallelism,
+        cache=pipeline.cache,
+        transfer_dtype=pipeline.transfer_dtype,
+        num_parallel_reads=pipeline.tfrecord.num_parallel_reads if pipeline.tfrecord.enabled else None,
+        compute_ceiling_examples_per_s=compute,
+        input_ceiling_examples_per_s=input_,
+    )
+
+
 def print_summary(summary: Summary, file=sys.stdout) -> None:
-    lines = [f"bwopt run {summary.status.lower()}  ({summary.num_replicas} replica(s) on {', '.join(summary.devices)})"]
-    if summary.figures:
-        figures = summary.figures
-        lines += [
-            f"  throughput        {figures.throughput_examples_per_s:,.1f} examples/s"
-            f"  ({figures.throughput_bytes_per_s / 1e6:,.2f} MB/s)",
-            f"  step time         p50 {figures.step_time_p50_s * 1e3:.3f} ms  p90 {figures.step_time_p90_s * 1e3:.3f} ms"
-            f"  p99 {figures.step_time_p99_s * 1e3:.3f} ms  ({figures.num_timed_steps} timed steps)",
-            f"  input wait        {figures.input_wait_fraction:.1%} of step time: {figures.input_bound_verdict}",
-        ]
-    if "val_accuracy" in summary.final_metrics:
-        lines.append(f"  val accuracy      {summary.final_metrics['val_accuracy']:.4f}")
-    lines.append(f"  MLflow run        {summary.run_id or '(tracking off)'}")
-    print("\n".join(lines), file=file, flush=True)
+    from bwopt.report import figures_table
+
+    head = f"bwopt {summary.mode} run {summary.status.lower()}"
+    if summary.devices:
+        head += f"  ({summary.num_replicas} replica(s) on {', '.join(summary.devices)})"
+    figures = {**(asdict(summary.figures) if summary.figures else {}), **summary.measurements}
+    figures.update({key: value for key, value in summary.final_metrics.items() if key == "val_accuracy"})
+    if summary.recommendation:
+        figures["recommendation"] = summary.recommendation
+    figures["mlflow_run_id"] = summary.run_id or "(tracking off)"
+    print(head + "\n" + figures_table(figures), file=file, flush=True)

@@ -264,8 +264,12 @@ class DataServiceConfig:
     mode: str = "off"
     # remote: the dispatcher's address, e.g. grpc://10.0.0.5:5050.
     address: str = ""
-    # local: workers started in this process on 127.0.0.1.
+    # local: workers started in this process, addressed over 127.0.0.1.
     num_workers: int = 2
+    # TensorFlow's data servers listen on every interface (0.0.0.0): a local service refuses to
+    # start on a host with a non-loopback address unless this is true (or the run is inside a
+    # loopback-only network namespace).
+    allow_external_interfaces: bool = False
     processing_mode: str = "parallel_epochs"
     compression: str = "AUTO"
     job_name: Optional[str] = None
@@ -485,7 +489,7 @@ class MeasureConfig:
     # Also measure the compute ceiling (the step on batches already on the device) and the
     # input ceiling (the distributed dataset iterated alone), `ceiling_steps` steps each.
     ceilings: bool = False
-    ceiling_steps: int = 30
+    ceiling_steps: int = 100
     # Host memcpy bandwidth, the physical reference for bytes/s.
     memcpy_bandwidth: bool = True
     # Inference throughput and latency for these batch sizes after training ([] = off).

@@ -41,7 +41,7 @@ class MlflowTracker:
 
     def start(self, params: Dict[str, str], tags: Dict[str, str]) -> str:
         from mlflow import MlflowClient
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param
 
         self.client = MlflowClient(tracking_uri=self.config.uri)
         experiment = self.client.get_experiment_by_name(self.config.experiment)

@@ -126,12 +126,20 @@ def train(
     num_validation_examples: int,
     timer: StepTimer,
     on_epoch_end: Callable[[int, Dict[str, float]], None],
+    progress,
+    profiler,
 ) -> Dict[str, float]:
-    """Run `epochs` x `steps_per_epoch` timed steps; returns the last epoch's metrics."""
+    """Run `epochs` x `steps_per_epoch` timed steps; returns the last epoch's metrics.
+
+    `progress` (bwopt.report.ProgressBar) and `profiler` (bwopt.profiling.StepProfiler) are
+    called outside the timed part of each step.
+    """
     iterator = iter(distributed_train)
     for epoch in range(epochs):
         loss_sum = correct = 0.0
-        for _ in range(steps_per_epoch):
+        progress.on_epoch_begin(epoch)
+        for step in range(steps_per_epoch):
+            profiler.on_step_begin(epoch * steps_per_epoch + step)
             started = time.perf_counter()
             batch = next(iterator)
             fetched = time.perf_counter()
@@ -140,7 +148,10 @@ def train(
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
             timer.record(fetched - started, time.perf_counter() - fetched)
+            profiler.on_step_end(epoch * steps_per_epoch + step)
+            progress.on_step_end(epoch, step)
             STOP.check()
+        progress.on_epoch_end(epoch)
         num_examples = steps_per_epoch * examples_per_step
         metrics = {"loss": loss_sum / num_examples, "accuracy": correct / num_examples}
         metrics.update(evaluate(steps, distributed_validation, num_validation_examples))

@@ -22,6 +22,14 @@ def compose_config(overrides=()):
         return compose(config_name="config", overrides=list(overrides))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def devices():
+    """The default device set-up (2 logical CPUs), once: TensorFlow fixes its devices per process."""
+    from bwopt.devices import configure
+
+    return configure(validate(compose_config()).device)
+
+
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory):
     """One sqlite store for the session: creating its tables costs seconds."""

@@ -1,14 +1,13 @@
 """`python -m bwopt` as users run it: fresh processes, the default store, multirun, a wheel."""
 
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import REPO, count_runs, run_bwopt
+from conftest import REPO, run_bwopt
 
 pytestmark = pytest.mark.slow
 TINY = ["train.epochs=2", "train.warmup_steps=3"]

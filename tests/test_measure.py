@@ -55,3 +55,61 @@ def test_verdict_uses_the_profiler_thresholds(fraction, verdict):
 def test_no_timed_step_is_an_error():
     with pytest.raises(ValueError, match="no step was timed"):
         timing_figures(timer_of([0.1] * 3, [0.1] * 3), warmup_steps=3, examples_per_step=1, bytes_per_step=1)
+
+
+# ---- Ceilings, efficiency and the recommendation ----------------------------------------------
+
+from bwopt.measure import Ceilings, efficiency, recommend  # noqa: E402
+
+
+def test_efficiency_divides_by_the_lower_measured_ceiling():
+    assert efficiency(3000.0, 10_000.0, 4000.0) == pytest.approx(0.75)  # input is the lower ceiling
+    assert efficiency(3000.0, 6000.0, None) == pytest.approx(0.5)
+    assert efficiency(3000.0, None, None) is None
+
+
+def test_ceilings_metrics_hold_the_measured_ones_only():
+    assert Ceilings(compute_examples_per_s=9000.0).metrics() == {"compute_ceiling_examples_per_s": 9000.0}
+    assert Ceilings(None, 4000.0, 48_000.0).metrics() == {
+        "input_ceiling_examples_per_s": 4000.0,
+        "input_ceiling_bytes_per_s": 48_000.0,
+    }
+
+
+def figures_with_input_wait(input_wait_s: float, compute_s: float, num_steps: int = 20):
+    """Figures of `num_steps` identical steps of 32 examples (warm-up 0)."""
+    return timing_figures(timer_of([input_wait_s] * num_steps, [compute_s] * num_steps), 0, 32, 32 * 100)
+
+
+def test_recommendation_for_an_input_bound_run_names_the_knobs_that_are_off():
+    # 4.3 ms waiting out of a 10 ms step: 43 %, 3,200 examples/s.
+    figures = figures_with_input_wait(0.0043, 0.0057)
+    text = recommend(figures, prefetch=0, map_parallelism=1, cache="memory", transfer_dtype="uint8",
+                     compute_ceiling_examples_per_s=6000.0, input_ceiling_examples_per_s=3500.0)
+    assert text == (
+        "highly input-bound: 43 % of step time waits for input at 3,200 examples/s "
+        "(compute alone 6,000, input alone 3,500 examples/s). "
+        "prefetch is 0, map runs serially; try pipeline=tuned"
+    )
+    text = recommend(figures_with_input_wait(0.001, 0.009), prefetch="autotune", map_parallelism="autotune",
+                     cache="off", transfer_dtype="float32", num_parallel_reads=1)
+    assert text.startswith("moderately input-bound: 10 % of step time waits for input at 3,200 examples/s. ")
+    assert "files are read one at a time, nothing is cached, features cross as float32" in text
+
+
+def test_recommendation_when_the_pipeline_is_already_tuned():
+    text = recommend(figures_with_input_wait(0.005, 0.005), prefetch="autotune", map_parallelism="autotune",
+                     cache="memory", transfer_dtype="uint8", num_parallel_reads="autotune")
+    assert text.startswith("highly input-bound: 50 % of step time")
+    assert "pipeline=tuned" not in text and "knobs are on" in text
+
+
+def test_recommendation_for_a_compute_bound_run_suggests_compute_knobs():
+    # 0.1 ms of a 10 ms step waiting: 1 %, not input-bound.
+    text = recommend(figures_with_input_wait(0.0001, 0.0099), prefetch=0, map_parallelism=1, cache="off",
+                     transfer_dtype="float32", compute_ceiling_examples_per_s=3300.0)
+    assert text.startswith(
+        "compute-bound: 1 % of step time waits for input at 3,200 examples/s (compute alone 3,300 examples/s)."
+    )
+    assert "strategy=mirrored" in text and "train.global_batch_size" in text and "mixed_float16" in text
+    assert "prefetch" not in text  # input knobs are not the bottleneck here

@@ -3,7 +3,6 @@
 import time
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from bwopt.app import validate

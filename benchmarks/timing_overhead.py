@@ -1,0 +1,157 @@
+"""What timing every step costs: bwopt's timed loop against the same loop untimed.
+
+One tiny distributed training set-up (default strategy, a small MLP, a from_tensor_slices
+dataset with prefetch, the real `bwopt.train.make_step_functions` train step) runs blocks of
+`STEPS_PER_BLOCK` steps in three ways, interleaved round by round (the order alternates between
+rounds, ABCCBA..., so drift in machine speed hits all three alike):
+
+- untimed, host sync per step: `train_step(next(iterator))`, then both results read with
+  `float()`, exactly the reads the timed loop makes; the difference to the timed loop is the
+  timing itself (two `perf_counter` calls, `StepTimer.record`, `STOP.check`);
+- untimed, host sync per block: the same without the per-step reads, one read at the end of the
+  block; its difference to the above is what the per-step host sync costs, which timing compute
+  requires;
+- timed: the inner loop of `bwopt.train.train`, line for line.
+
+Each block's wall time is taken with `perf_counter` around the whole block. Printed: the median
+over rounds of the per-step time of each, the timed loop's per-step overhead in microseconds and
+its ratio to each untimed loop (medians of the per-round values), the cost of the timing
+statements alone (the same statements around steps that do nothing, 200,000 times), and how
+much of the timed block's wall time the recorded step times cover.
+
+Run: `.venv/bin/python benchmarks/timing_overhead.py` (about 20 s on 2 cores).
+"""
+
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+NUM_EXAMPLES = 4096
+NUM_FEATURES = 64
+GLOBAL_BATCH = 64
+STEPS_PER_BLOCK = 100
+WARMUP_STEPS = 50
+ROUNDS = 30
+
+
+def build_training():
+    """(train_step, iterator over the distributed dataset) for a small MLP on random uint8 data."""
+    import keras
+    import tensorflow as tf
+
+    from bwopt.train import make_step_functions
+
+    strategy = tf.distribute.get_strategy()
+    rng = np.random.default_rng(0)
+    features = rng.integers(0, 256, size=(NUM_EXAMPLES, NUM_FEATURES), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=NUM_EXAMPLES, dtype=np.int32)
+    dataset = tf.data.Dataset.from_tensor_slices((features, labels)).repeat()
+    dataset = dataset.batch(GLOBAL_BATCH, drop_remainder=True).prefetch(2)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((NUM_FEATURES,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)]
+        )
+        optimizer = keras.optimizers.SGD(0.01)
+        optimizer.build(model.trainable_variables)
+    steps = make_step_functions(strategy, model, optimizer, GLOBAL_BATCH, 1 / 255, False)
+    return steps.train_step, iter(strategy.experimental_distribute_dataset(dataset))
+
+
+def untimed_sync_per_step(train_step, iterator, timer) -> None:
+    for _ in range(STEPS_PER_BLOCK):
+        batch_loss, batch_correct = train_step(next(iterator))
+        float(batch_loss)
+        float(batch_correct)
+
+
+def untimed_sync_per_block(train_step, iterator, timer) -> None:
+    for _ in range(STEPS_PER_BLOCK):
+        batch_loss, batch_correct = train_step(next(iterator))
+    float(batch_loss)
+    float(batch_correct)
+
+
+def timed_like_bwopt(train_step, iterator, timer) -> None:
+    from bwopt.train import STOP
+
+    # The inner loop of bwopt.train.train, line for line.
+    loss_sum = correct = 0.0
+    for _ in range(STEPS_PER_BLOCK):
+        started = time.perf_counter()
+        batch = next(iterator)
+        fetched = time.perf_counter()
+        batch_loss, batch_correct = train_step(batch)
+        loss_sum += float(batch_loss)
+        correct += float(batch_correct)
+        timer.record(fetched - started, time.perf_counter() - fetched)
+        STOP.check()
+
+
+LOOPS = {
+    "untimed, sync per step": untimed_sync_per_step,
+    "untimed, sync per block": untimed_sync_per_block,
+    "timed (bwopt.train)": timed_like_bwopt,
+}
+
+
+def instrumentation_alone_us(num_steps: int = 200_000) -> float:
+    """Per-step cost of the timing statements of the timed loop around steps that do nothing."""
+    from bwopt.measure import StepTimer
+    from bwopt.train import STOP
+
+    timer = StepTimer()
+    started_all = time.perf_counter()
+    for _ in range(num_steps):
+        started = time.perf_counter()
+        fetched = time.perf_counter()
+        timer.record(fetched - started, time.perf_counter() - fetched)
+        STOP.check()
+    return (time.perf_counter() - started_all) / num_steps * 1e6
+
+
+def block_wall_s(loop, train_step, iterator, timer) -> float:
+    started = time.perf_counter()
+    loop(train_step, iterator, timer)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    from bwopt.measure import StepTimer
+
+    train_step, iterator = build_training()
+    for _ in range(WARMUP_STEPS):  # tracing, prefetch fill
+        float(train_step(next(iterator))[0])
+    per_step_us = {name: [] for name in LOOPS}
+    coverage = []
+    for round_number in range(ROUNDS):
+        names = list(LOOPS) if round_number % 2 == 0 else list(reversed(LOOPS))
+        for name in names:
+            timer = StepTimer()
+            wall_s = block_wall_s(LOOPS[name], train_step, iterator, timer)
+            per_step_us[name].append(wall_s / STEPS_PER_BLOCK * 1e6)
+            if timer.num_steps:
+                coverage.append((sum(timer.input_wait_s) + sum(timer.compute_s)) / wall_s)
+    report(per_step_us, coverage, instrumentation_alone_us())
+
+
+def report(per_step_us, coverage, instrumentation_us: float) -> None:
+    timed = per_step_us["timed (bwopt.train)"]
+    print(f"{ROUNDS} rounds x {STEPS_PER_BLOCK} steps, global batch {GLOBAL_BATCH}, default strategy, TF on CPU")
+    for name, values in per_step_us.items():
+        median = statistics.median(values)
+        print(f"  {name:<26} median {median:8.1f} us/step  (min {min(values):.1f}, max {max(values):.1f})")
+    for baseline in ("untimed, sync per step", "untimed, sync per block"):
+        untimed = per_step_us[baseline]
+        overhead_us = statistics.median(t - u for t, u in zip(timed, untimed))
+        ratio = statistics.median(t / u for t, u in zip(timed, untimed))
+        print(f"  timed vs {baseline:<24} overhead {overhead_us:+7.1f} us/step  ratio {ratio:.3f}")
+    print(f"  the timing statements alone (no step between them) cost {instrumentation_us:.2f} us/step")
+    print(f"  recorded step times cover {statistics.median(coverage):.2%} of the timed blocks' wall time (median)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""What a person reads: a live progress line on a terminal and the end-of-run table of figures."""
+
+import sys
+import time
+from typing import Callable, Dict, List, Optional, TextIO, Tuple
+
+BAR_WIDTH = 20
+
+
+class ProgressBar:
+    """One `\\r`-redrawn line, `epoch 2/10  step 37/215  [####......]  3,201 examples/s`.
+
+    Only a terminal gets it (`stream.isatty()`): logs and pipes stay quiet. The examples/s is
+    live: the examples of the steps since the previous redraw (or `on_epoch_begin`) over the
+    time since then. Redraws come at most every `min_interval_s`, so the bar costs the loop next
+    to nothing; the last step of an epoch is always drawn, and `on_epoch_end` clears the line
+    for the epoch's summary. Call order: on_epoch_begin, on_step_end per step, on_epoch_end.
+    """
+
+    def __init__(
+        self,
+        epochs: int,
+        steps_per_epoch: int,
+        examples_per_step: int,
+        stream: Optional[TextIO] = None,
+        min_interval_s: float = 0.1,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.epochs = epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.examples_per_step = examples_per_step
+        self.stream = stream if stream is not None else sys.stdout
+        self.enabled = self.stream.isatty()
+        self.min_interval_s = min_interval_s
+        self.clock = clock
+        self._drawn_at = clock()
+        self._drawn_steps = 0
+        self._line_length = 0
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        """Restart the rate, so that time between epochs (validation) does not count."""
+        self._drawn_at, self._drawn_steps = self.clock(), epoch * self.steps_per_epoch
+
+    def on_step_end(self, epoch: int, step: int) -> None:
+        """After step `step` (0-based) of epoch `epoch` (0-based)."""
+        if not self.enabled:
+            return
+        now = self.clock()
+        done = epoch * self.steps_per_epoch + step + 1
+        last_of_epoch = step + 1 == self.steps_per_epoch
+        if now - self._drawn_at < self.min_interval_s and not last_of_epoch:
+            return
+        examples_per_s = (done - self._drawn_steps) * self.examples_per_step / max(now - self._drawn_at, 1e-9)
+        self._draw(self.line(epoch, step, examples_per_s))
+        self._drawn_at, self._drawn_steps = now, done
+
+    def on_epoch_end(self, epoch: int) -> None:
+        """Clear the line so that the epoch's summary prints on a clean one."""
+        if self.enabled and self._line_length:
+            self._draw("")
+
+    def line(self, epoch: int, step: int, examples_per_s: float) -> str:
+        filled = BAR_WIDTH * (step + 1) // self.steps_per_epoch
+        return (
+            f"epoch {epoch + 1}/{self.epochs}  step {step + 1}/{self.steps_per_epoch}  "
+            f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}]  {examples_per_s:,.0f} examples/s"
+        )
+
+    def _draw(self, text: str) -> None:
+        # Pad with spaces so a shorter line fully covers the previous one.
+        self.stream.write("\r" + text.ljust(self._line_length) + ("\r" if not text else ""))
+        self.stream.flush()
+        self._line_length = len(text)
+
+
+def summary_table(rows: List[Tuple[str, str]], indent: str = "  ") -> str:
+    """Two aligned columns: labels padded to the longest one, then two spaces, then values."""
+    width = max((len(label) for label, _ in rows), default=0)
+    return "\n".join(f"{indent}{label.ljust(width)}  {value}" for label, value in rows)
+
+
+def figure_rows(figures: Dict[str, object]) -> List[Tuple[str, str]]:
+    """Rows for the figures present (missing or None values are skipped).
+
+    Keys are the MLflow metric names (`throughput_examples_per_s`, `step_time_p50_s`, ...,
+    `input_wait_fraction`, `input_bound_verdict`, `efficiency`,
+    `compute_ceiling_examples_per_s`, `input_ceiling_examples_per_s`,
+    `input_ceiling_bytes_per_s`, `host_memcpy_bytes_per_s`, `peak_host_rss_bytes`,
+    `inference_bs<N>_examples_per_s` and `_latency_p50_s`..., `val_accuracy`) plus
+    `peak_device_memory_bytes` (bytes, or device name -> bytes), `recommendation` and
+    `mlflow_run_id`. Other keys are ignored.
+    """
+    present = {key: value for key, value in figures.items() if value is not None}
+    rows = [(label, format_row(present)) for label, format_row in MEASURED_ROWS]
+    rows += inference_rows(present)
+    rows += [(label, format_row(present)) for label, format_row in CLOSING_ROWS]
+    return [(label, value) for label, value in rows if value]
+
+
+def figures_table(figures: Dict[str, object]) -> str:
+    """The figures present, formatted as a `summary_table`."""
+    return summary_table(figure_rows(figures))
+
+
+def _throughput(f) -> str:
+    if "throughput_examples_per_s" not in f:
+        return ""
+    text = f"{f['throughput_examples_per_s']:,.1f} examples/s"
+    if "throughput_bytes_per_s" in f:
+        text += f"  ({f['throughput_bytes_per_s'] / 1e6:,.2f} MB/s)"
+    return text
+
+
+def _step_time(f) -> str:
+    parts = [
+        f"{name} {f[key] * 1e3:.3f} ms"
+        for name, key in (("p50", "step_time_p50_s"), ("p90", "step_time_p90_s"), ("p99", "step_time_p99_s"),
+                          ("jitter", "step_time_jitter_s"))
+        if key in f
+    ]
+    if parts and "num_timed_steps" in f:
+        parts.append(f"({f['num_timed_steps']:,} timed steps)")
+    return "  ".join(parts)
+
+
+def _input_wait(f) -> str:
+    if "input_wait_fraction" not in f:
+        return ""
+    verdict = f": {f['input_bound_verdict']}" if "input_bound_verdict" in f else ""
+    return f"{f['input_wait_fraction']:.1%} of step time{verdict}"
+
+
+def _ceilings(f) -> str:
+    parts = []
+    if "compute_ceiling_examples_per_s" in f:
+        parts.append(f"compute {f['compute_ceiling_examples_per_s']:,.1f} examples/s")
+    if "input_ceiling_examples_per_s" in f:
+        parts.append(f"input {f['input_ceiling_examples_per_s']:,.1f} examples/s")
+        if "input_ceiling_bytes_per_s" in f:
+            parts[-1] += f" ({f['input_ceiling_bytes_per_s'] / 1e6:,.2f} MB/s)"
+    return "  ".join(parts)
+
+
+def _efficiency(f) -> str:
+    return f"{f['efficiency']:.1%} of the lower ceiling" if "efficiency" in f else ""
+
+
+def _memcpy(f) -> str:
+    if "host_memcpy_bytes_per_s" not in f:
+        return ""
+    memcpy = f["host_memcpy_bytes_per_s"]
+    text = f"{memcpy / 1e9:,.2f} GB/s"
+    if "throughput_bytes_per_s" in f:
+        text += f"  (training moves {f['throughput_bytes_per_s'] / memcpy:.3%} of it)"
+    return text
+
+
+def _peak_memory(f) -> str:
+    parts = []
+    if "peak_host_rss_bytes" in f:
+        parts.append(f"host RSS {f['peak_host_rss_bytes'] / 2**20:,.1f} MiB")
+    device_peaks = f.get("peak_device_memory_bytes")
+    if isinstance(device_peaks, dict):
+        parts += [f"{device} {peak / 2**20:,.1f} MiB" for device, peak in device_peaks.items()]
+    elif device_peaks is not None:
+        parts.append(f"device {device_peaks / 2**20:,.1f} MiB")
+    return "  ".join(parts)
+
+
+def inference_rows(f) -> List[Tuple[str, str]]:
+    """One row per batch size found in `inference_bs<N>_...` keys, smallest batch first."""
+    batch_sizes = sorted(
+        int(key[len("inference_bs"):-len("_examples_per_s")])
+        for key in f
+        if key.startswith("inference_bs") and key.endswith("_examples_per_s")
+    )
+    rows = []
+    for batch_size in batch_sizes:
+        prefix = f"inference_bs{batch_size}_"
+        text = f"{f[prefix + 'examples_per_s']:,.1f} examples/s"
+        latencies = [f"{name} {f[prefix + 'latency_' + name + '_s'] * 1e3:.3f} ms"
+                     for name in ("p50", "p90", "p99") if prefix + "latency_" + name + "_s" in f]
+        rows.append((f"inference bs {batch_size}", "  ".join([text, *latencies])))
+    return rows
+
+
+def _recommendation(f) -> str:
+    return str(f.get("recommendation", ""))
+
+
+def _val_accuracy(f) -> str:
+    return f"{f['val_accuracy']:.4f}" if "val_accuracy" in f else ""
+
+
+def _mlflow_run(f) -> str:
+    return str(f.get("mlflow_run_id", ""))
+
+
+MEASURED_ROWS = [
+    ("throughput", _throughput),
+    ("step time", _step_time),
+    ("input wait", _input_wait),
+    ("ceilings", _ceilings),
+    ("efficiency", _efficiency),
+    ("host memcpy", _memcpy),
+    ("peak memory", _peak_memory),
+]
+CLOSING_ROWS = [
+    ("val accuracy", _val_accuracy),
+    ("recommendation", _recommendation),
+    ("MLflow run", _mlflow_run),
+]

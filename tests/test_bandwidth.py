@@ -1,0 +1,82 @@
+"""Host memcpy bandwidth and peak memory, each checked against a measurement made another way."""
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from bwopt.measure import host_memcpy_bandwidth_bytes_per_s, peak_device_memory_bytes, peak_host_rss_bytes
+
+MiB = 2**20
+
+
+
+
+def memoryview_copy_bytes_per_s(num_bytes: int, repeats: int) -> float:
+    """Best-of-`repeats` copy between two bytearrays through memoryview slice assignment."""
+    source, destination = bytearray(b"\x01" * num_bytes), bytearray(num_bytes)
+    source_view, destination_view = memoryview(source), memoryview(destination)
+    destination_view[:] = source_view  # fault the pages in, untimed
+    fastest_s = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        destination_view[:] = source_view
+        fastest_s = min(fastest_s, time.perf_counter() - started)
+    return num_bytes / fastest_s
+
+
+def test_memcpy_bandwidth_agrees_with_a_memoryview_copy():
+    numpy_bytes_per_s = host_memcpy_bandwidth_bytes_per_s(32 * MiB, repeats=5)
+    memoryview_bytes_per_s = memoryview_copy_bytes_per_s(32 * MiB, repeats=5)
+    # Both end in the C library's memcpy; a factor of 3 leaves room for a noisy neighbour.
+    assert 1 / 3 <= numpy_bytes_per_s / memoryview_bytes_per_s <= 3
+    assert numpy_bytes_per_s > 100e6
+
+
+def vm_hwm_bytes() -> int:
+    """The kernel's peak RSS of this process from /proc/self/status (VmHWM, in kB)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM line in /proc/self/status")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_peak_rss_matches_the_kernel_and_grows_with_a_touched_allocation():
+    process = psutil.Process()
+    rss_before = process.memory_info().rss
+    assert peak_host_rss_bytes() == pytest.approx(vm_hwm_bytes(), abs=16 * MiB)
+    assert peak_host_rss_bytes() >= rss_before - 4 * MiB
+
+    array = np.ones(256 * MiB, dtype=np.uint8)  # np.ones writes, so every page is resident
+    rss_with_array = process.memory_info().rss
+    assert rss_with_array >= rss_before + 240 * MiB
+    peak = peak_host_rss_bytes()
+    assert peak >= rss_before + 240 * MiB
+    # The kernel folds per-thread RSS counters into the peak lazily, a few pages behind.
+    assert peak >= rss_with_array - 4 * MiB
+    assert peak_host_rss_bytes() == pytest.approx(vm_hwm_bytes(), abs=16 * MiB)
+    del array
+
+
+def test_peak_device_memory_is_none_without_an_accelerator(devices):
+    assert peak_device_memory_bytes(devices.device_names) is None
+
+
+@pytest.mark.gpu
+def test_peak_device_memory_grows_by_a_known_allocation(devices):
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("no GPU: tf.config.list_physical_devices('GPU') is empty")
+    gpu = tf.config.list_logical_devices("GPU")[0].name
+    tf.config.experimental.reset_memory_stats(gpu)
+    before = tf.config.experimental.get_memory_info(gpu)["current"]
+    with tf.device(gpu):
+        tensor = tf.ones((64 * MiB,), tf.uint8)
+    peaks = peak_device_memory_bytes(["/device:CPU:0", gpu])
+    assert set(peaks) == {gpu}  # CPU devices are skipped
+    assert peaks[gpu] >= before + tensor.shape[0]
