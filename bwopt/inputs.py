@@ -57,7 +57,7 @@ def plan(config, source) -> InputPlan:
             f"train.global_batch_size={batch} is larger than the {num_train} training examples; "
             "use a smaller batch"
         )
-    if config.mode == "train" and config.train.epochs * steps_per_epoch <= config.train.warmup_steps:
+    if config.mode != "inference" and config.train.epochs * steps_per_epoch <= config.train.warmup_steps:
         raise ConfigError(
             f"train.warmup_steps={config.train.warmup_steps} leaves no step to time out of "
             f"{config.train.epochs * steps_per_epoch}; lower it or train longer"

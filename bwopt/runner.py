@@ -260,7 +260,7 @@ def _finish(config, sizes, tracker, timer, summary, output_dir, resolved, sessio
     from bwopt.measure import host_memcpy_bandwidth_bytes_per_s, peak_host_rss_bytes
 
     measurements = summary.measurements
-    warmup = config.train.warmup_steps if config.mode == "train" else min(config.train.warmup_steps, timer.num_steps - 1)
+    warmup = config.train.warmup_steps
     if timer.num_steps > warmup:
         summary.figures = timing_figures(
             timer, warmup, config.train.global_batch_size, config.train.global_batch_size * sizes.bytes_per_example,

@@ -121,7 +121,7 @@ class TFRecordData(DataConfig):
     file_pattern: str = MISSING
     validation_file_pattern: str = ""
     compression: str = "NONE"
-    feature_key: str = "feature"
+    feature_key: str = "features"
     feature_dtype: str = "uint8"
     feature_shape: List[int] = MISSING
     label_key: str = "label"

@@ -43,7 +43,7 @@ def run_experiment(tmp_path, mlflow_uri, request):
 
     def _run(*overrides, experiment=None):
         experiment = experiment or request.node.name
-        tracking = [f"tracking.uri={mlflow_uri}", f"tracking.experiment={experiment}"]
+        tracking = [f"tracking.uri={mlflow_uri}", f"tracking.experiment='{experiment}'"]
         cfg = compose_config([*([] if "tracking=none" in overrides else tracking), *overrides])
         resolved = OmegaConf.to_container(cfg, resolve=True)
         return run(validate(cfg), output_dir=tmp_path / "run", resolved=resolved)

@@ -1,5 +1,6 @@
 """`python -m bwopt` as users run it: fresh processes, the default store, multirun, a wheel."""
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,3 +85,41 @@ def test_config_folder_is_found_from_an_installed_wheel(tmp_path):
     )
     assert composed.returncode == 0, composed.stderr
     assert "name: mirrored" in composed.stdout
+
+
+def test_training_through_a_local_data_service_in_a_loopback_only_namespace(tmp_path):
+    """tf.data's servers bind 0.0.0.0, so the run goes into a network namespace holding only lo."""
+    namespace = ["unshare", "--user", "--map-root-user", "--net"]
+    if shutil.which("unshare") is None or subprocess.run([*namespace, "true"], capture_output=True).returncode:
+        pytest.skip("needs a user + network namespace (util-linux unshare) to keep the servers off the network")
+    launcher = (
+        "import runpy, sys\n"
+        f"sys.path.insert(0, {str(REPO / 'tests' / 'data')!r})\n"
+        "from test_service import bring_up_loopback\n"
+        "bring_up_loopback()\n"
+        "sys.argv = ['bwopt', *sys.argv[1:]]\n"
+        "runpy.run_module('bwopt', run_name='__main__')\n"
+    )
+    result = subprocess.run(
+        [*namespace, sys.executable, "-c", launcher, *TINY, "pipeline.service.mode=local",
+         "pipeline.service.num_workers=2", "pipeline.service.processing_mode=parallel_epochs"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
+    assert run.data.params["pipeline.service.mode"] == "local"
+    assert run.data.metrics["throughput_examples_per_s"] > 0
+    assert run.data.metrics["val_accuracy"] > 0.5
+
+
+def test_local_data_service_refuses_a_host_reachable_from_outside(tmp_path):
+    from bwopt.data.service import non_loopback_addresses
+
+    if not non_loopback_addresses():
+        pytest.skip("this host has only loopback addresses, where a local service may start")
+    result = run_bwopt(*TINY, "pipeline.service.mode=local", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "0.0.0.0" in result.stderr and "allow_external_interfaces" in result.stderr
+    _, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
+    assert run.info.status == "FAILED"

@@ -108,7 +108,8 @@ class LocalDataService:
             raise RuntimeError(
                 "tf.data service servers listen on 0.0.0.0 (TensorFlow offers no bind address), so "
                 f"they would be reachable on {', '.join(exposed)}; run inside a network namespace "
-                "that has only loopback, or pass allow_external_interfaces=True"
+                "that has only loopback, or accept the exposure with allow_external_interfaces=True "
+                "(pipeline.service.allow_external_interfaces=true)"
             )
         import tensorflow as tf
 

@@ -154,16 +154,9 @@ def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
     def open_file(path):
         import tensorflow as tf
 
-        spec = {
-            config.feature_key: tf.io.FixedLenFeature([], tf.string),
-            config.label_key: tf.io.FixedLenFeature([], tf.int64),
-        }
+        from bwopt.data.tfrecord import example_parser
 
-        def parse(record):
-            example = tf.io.parse_single_example(record, spec)
-            features = tf.io.decode_raw(example[config.feature_key], tf.dtypes.as_dtype(config.feature_dtype))
-            return tf.reshape(features, shape), tf.cast(example[config.label_key], tf.int32)
-
+        parse = example_parser(config.feature_key, config.label_key, config.feature_dtype, shape)
         return tf.data.TFRecordDataset(path, compression_type=config.compression).map(parse)
 
     def count(files):

@@ -9,7 +9,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -190,6 +190,28 @@ def _tf_count(value: Union[int, str, None]):
     return value
 
 
+FEATURE_KEY = "features"
+LABEL_KEY = "label"
+
+
+def example_parser(feature_key: str, label_key: str, feature_dtype: str, feature_shape: Sequence[int]):
+    """record -> (features of `feature_shape` decoded from raw bytes, int32 label)."""
+    import tensorflow as tf
+
+    dtype = tf.dtypes.as_dtype(feature_dtype)
+    schema = {
+        feature_key: tf.io.FixedLenFeature([], tf.string),
+        label_key: tf.io.FixedLenFeature([], tf.int64),
+    }
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, schema)
+        features = tf.reshape(tf.io.decode_raw(example[feature_key], dtype), feature_shape)
+        return features, tf.cast(example[label_key], tf.int32)
+
+    return parse
+
+
 def read_dataset(
     files: TFRecordFiles,
     num_parallel_reads: Union[int, str, None],
@@ -207,17 +229,7 @@ def read_dataset(
     """
     import tensorflow as tf
 
-    dtype = tf.dtypes.as_dtype(files.feature_dtype)
-    schema = {
-        "features": tf.io.FixedLenFeature([], tf.string),
-        "label": tf.io.FixedLenFeature([], tf.int64),
-    }
-
-    def parse(record):
-        example = tf.io.parse_single_example(record, schema)
-        features = tf.reshape(tf.io.decode_raw(example["features"], dtype), files.feature_shape)
-        return features, tf.cast(example["label"], tf.int32)
-
+    parse = example_parser(FEATURE_KEY, LABEL_KEY, files.feature_dtype, files.feature_shape)
     records = tf.data.TFRecordDataset(
         files.paths,
         compression_type=_tf_compression(files.compression),

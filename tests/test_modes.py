@@ -1,0 +1,154 @@
+"""The runner's measurement modes and input paths, end to end with real TensorFlow and MLflow."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bwopt.app import config_dir
+
+TINY = ["train.epochs=2", "train.warmup_steps=3"]
+
+
+def test_ceilings_efficiency_memory_and_recommendation_are_logged(run_experiment, mlflow_client):
+    summary = run_experiment(*TINY, "measure.ceilings=true", "measure.ceiling_steps=20")
+    metrics = mlflow_client.get_run(summary.run_id).data.metrics
+    for key in ("compute_ceiling_examples_per_s", "input_ceiling_examples_per_s", "input_ceiling_bytes_per_s",
+                "efficiency", "host_memcpy_bytes_per_s", "bytes_per_s_to_memcpy_ratio", "peak_host_rss_bytes"):
+        assert metrics[key] > 0, key
+    lower = min(metrics["compute_ceiling_examples_per_s"], metrics["input_ceiling_examples_per_s"])
+    assert metrics["efficiency"] == pytest.approx(metrics["throughput_examples_per_s"] / lower)
+    assert metrics["bytes_per_s_to_memcpy_ratio"] == pytest.approx(
+        metrics["throughput_bytes_per_s"] / metrics["host_memcpy_bytes_per_s"]
+    )
+    tags = mlflow_client.get_run(summary.run_id).data.tags
+    assert summary.recommendation and tags["recommendation"] == summary.recommendation
+    assert summary.figures.input_bound_verdict in summary.recommendation
+
+
+def test_input_mode_trains_nothing_and_reports_bytes(run_experiment, mlflow_client):
+    summary = run_experiment("mode=input", "train.epochs=1", "pipeline.transfer_dtype=uint8")
+    run = mlflow_client.get_run(summary.run_id)
+    assert run.data.tags["mode"] == "input" and summary.final_metrics == {}
+    assert mlflow_client.get_metric_history(summary.run_id, "loss") == []
+    # digits as uint8: 64 feature bytes + a 4-byte label per example.
+    assert run.data.metrics["throughput_bytes_per_s"] == pytest.approx(
+        run.data.metrics["throughput_examples_per_s"] * 68
+    )
+
+
+def test_inference_after_training_and_inference_mode(run_experiment, mlflow_client):
+    trained = run_experiment(*TINY, "measure.inference_batch_sizes=[1,64]", "measure.inference_batches=5")
+    metrics = mlflow_client.get_run(trained.run_id).data.metrics
+    for size in (1, 64):
+        assert metrics[f"inference_bs{size}_examples_per_s"] > 0
+        assert metrics[f"inference_bs{size}_latency_p50_s"] <= metrics[f"inference_bs{size}_latency_p99_s"]
+    fresh = run_experiment("mode=inference", "measure.inference_batch_sizes=[8]", "measure.inference_batches=5")
+    assert fresh.measurements["inference_bs8_examples_per_s"] > 0 and fresh.figures is None
+
+
+def test_profile_of_a_step_range_is_an_artifact_and_left_out_of_the_figures(run_experiment, mlflow_client):
+    summary = run_experiment(*TINY, "measure.profile_start_step=5", "measure.profile_num_steps=2")
+    artifacts = [item.path for item in mlflow_client.list_artifacts(summary.run_id, "profile")]
+    assert artifacts, "no profile was logged"
+    # 2 epochs x 22 steps, minus 3 warm-up steps, minus the 2 profiled ones.
+    assert summary.figures.num_timed_steps == 44 - 3 - 2
+
+
+@pytest.mark.parametrize("compression", ["NONE", "GZIP"])
+def test_tfrecord_materialisation_trains_and_logs_file_figures(run_experiment, mlflow_client, tmp_path, compression):
+    summary = run_experiment(
+        *TINY, "pipeline.tfrecord.enabled=true", f"pipeline.tfrecord.compression={compression}",
+        f"pipeline.tfrecord.directory='{tmp_path / 'shards'}'", "pipeline.tfrecord.num_shards=3",
+    )
+    metrics = mlflow_client.get_run(summary.run_id).data.metrics
+    files = sorted((tmp_path / "shards").rglob("*.tfrecord*"))
+    assert len(files) == 2 * 3  # train and validation, 3 shards each
+    assert metrics["tfrecord_bytes_on_disk"] < sum(path.stat().st_size for path in files)
+    assert metrics["tfrecord_read_bytes_per_s"] > 0 and metrics["tfrecord_compression_ratio"] > 0
+    if compression == "GZIP":
+        assert metrics["tfrecord_compression_ratio"] > 1.5
+    assert summary.final_metrics["val_accuracy"] > 0.5
+
+
+def test_user_tfrecord_files_are_a_data_source(run_experiment, tmp_path):
+    from bwopt.data.sources import load_digits
+    from bwopt.data.tfrecord import materialise
+
+    digits = load_digits(None, seed=0)
+    files = materialise(digits.features, digits.labels, tmp_path, num_shards=5, compression="ZLIB")
+    pattern = str(Path(files.paths[0]).parent / "*")
+    summary = run_experiment(
+        *TINY, "data=tfrecord", "split=uniform", f"data.file_pattern={pattern}.tfrecord*",
+        "data.compression=ZLIB", "data.feature_shape=[8,8,1]", "data.num_classes=10", "data.feature_scale=0.0625",
+    )
+    # 5 shards of ~360: 4 train the model, the last one validates it.
+    assert summary.num_replicas == 1 and summary.final_metrics["val_accuracy"] > 0.5
+
+
+def test_distribute_datasets_from_function_gives_per_replica_batches(run_experiment):
+    summary = run_experiment(
+        *TINY, "strategy=mirrored", "pipeline.distribute.method=distribute_datasets_from_function",
+        "pipeline.distribute.per_replica_buffer_size=2",
+    )
+    assert summary.num_replicas == 2 and summary.figures.throughput_examples_per_s > 0
+    assert summary.final_metrics["val_accuracy"] > 0.5
+
+
+def test_per_replica_batches_from_the_input_context(devices):
+    import tensorflow as tf
+
+    from bwopt.app import validate
+    from bwopt.data.sources import load_digits
+    from bwopt.inputs import Inputs, plan
+    from bwopt.strategies import distribute_input
+    from conftest import compose_config
+
+    config = validate(compose_config(["strategy=mirrored", "pipeline.distribute.method=distribute_datasets_from_function"]))
+    source = load_digits(None, seed=0)
+    inputs = Inputs(config, source, plan(config, source))
+    strategy = tf.distribute.MirroredStrategy(devices.device_names)
+    batch = next(iter(distribute_input(strategy, config.pipeline.distribute, lambda c: inputs.dataset(True, c))))
+    features = strategy.experimental_local_results(batch[0])
+    assert [tuple(part.shape) for part in features] == [(32, 8, 8, 1), (32, 8, 8, 1)]
+
+
+def test_worker_shards_of_the_input_are_disjoint_and_cover_the_split():
+    """Two input pipelines (two workers) each read their own shard of the training split."""
+    from bwopt.app import validate
+    from bwopt.data.sources import load_digits
+    from bwopt.inputs import Inputs, plan
+    from conftest import compose_config
+
+    config = validate(compose_config())
+    source = load_digits(None, seed=0)
+    sizes = plan(config, source)
+    inputs = Inputs(config, source, sizes)
+    parts = [[int(label) for _, label in inputs.elements(True, 2, index)] for index in range(2)]
+    counts = [np.bincount(part, minlength=10) for part in parts]
+    assert len(parts[0]) + len(parts[1]) == len(sizes.train_indices)
+    assert np.all(np.abs(counts[0] - counts[1]) <= 1)  # stratified shards
+
+
+def experiment_presets():
+    return sorted(path.stem for path in (Path(config_dir()) / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", experiment_presets())
+def test_every_experiment_preset_runs_shrunk(run_experiment, preset):
+    shrink = ["train.epochs=1", "train.warmup_steps=1", "measure.memcpy_bandwidth=false"]
+    if preset in ("mirrored", "pipelines", "transfer_dtype", "memory_growth"):
+        shrink += ["data.num_examples=256", "data.image_shape=[16,16,3]", "train.global_batch_size=32"]
+    if preset == "prefetch":
+        shrink += ["data.num_files=2", "data.examples_per_file=64", "data.step_compute_s=0.001"]
+    if preset == "memory_growth":
+        import tensorflow as tf
+
+        if not tf.config.list_physical_devices("GPU"):
+            from bwopt.devices import DeviceError
+
+            with pytest.raises(DeviceError, match="sees no GPU"):
+                run_experiment(f"experiment={preset}", *shrink)
+            return
+    summary = run_experiment(f"experiment={preset}", *shrink)
+    assert summary.status == "FINISHED" and summary.figures.num_timed_steps > 0
