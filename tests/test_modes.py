@@ -152,3 +152,27 @@ def test_every_experiment_preset_runs_shrunk(run_experiment, preset):
             return
     summary = run_experiment(f"experiment={preset}", *shrink)
     assert summary.status == "FINISHED" and summary.figures.num_timed_steps > 0
+
+
+@pytest.mark.parametrize("fetch_to_device", [True, False])
+def test_input_options_reach_the_distributed_dataset(devices, fetch_to_device):
+    import tensorflow as tf
+
+    from bwopt.app import validate
+    from bwopt.data.sources import load_digits
+    from bwopt.inputs import Inputs, plan
+    from bwopt.strategies import distribute_input
+    from conftest import compose_config
+
+    config = validate(compose_config([
+        "strategy=mirrored", f"pipeline.distribute.fetch_to_device={fetch_to_device}",
+        "pipeline.distribute.per_replica_buffer_size=3",
+    ]))
+    source = load_digits(None, seed=0)
+    inputs = Inputs(config, source, plan(config, source))
+    strategy = tf.distribute.MirroredStrategy(devices.device_names)
+    distributed = distribute_input(strategy, config.pipeline.distribute, lambda c: inputs.dataset(True, c))
+    assert distributed._options.experimental_per_replica_buffer_size == 3
+    placed = [part.device[-5:] for part in strategy.experimental_local_results(next(iter(distributed))[0])]
+    # Fetched to each replica's device, or left on the host (the first CPU) for the step to copy.
+    assert placed == (["CPU:0", "CPU:1"] if fetch_to_device else ["CPU:0", "CPU:0"])

@@ -186,3 +186,23 @@ def test_parallel_interleave_overlaps_file_latency():
     assert serial_labels == parallel_labels and len(serial_labels) == 6 * 4
     assert serial_s >= 6 * 0.06
     assert parallel_s < 0.6 * serial_s
+
+
+def test_tfrecord_read_settings_are_in_the_graph(tmp_path):
+    from bwopt.data.tfrecord import materialise, read_dataset
+
+    files = materialise(FEATURES, LABELS, tmp_path, num_shards=4, compression="GZIP")
+    dataset = read_dataset(files, num_parallel_reads=3, buffer_size_bytes=4096, num_parallel_calls=2)
+    assert stage(dataset, "LegacyParallelInterleaveDatasetV2")[0] == 3  # files read at once
+    assert stage(dataset, "ParallelMapDatasetV2") == [2]  # parsing calls
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    reader = [node for function in graph.library.function for node in function.node_def if node.op == "TFRecordDataset"]
+    constants = {
+        node.name: node.attr["value"].tensor
+        for function in graph.library.function
+        for node in function.node_def
+        if node.op == "Const"
+    }
+    (read,) = reader
+    compression, buffer_size = (constants[name.split(":")[0]] for name in read.input[1:3])
+    assert compression.string_val == [b"GZIP"] and buffer_size.int64_val == [4096]
