@@ -32,7 +32,7 @@ every step and the ratio compares the rest of the per-step overhead (Keras' metr
 callbacks, logs, its iterator wrapper) against bwopt's plain loop. The header says which case
 this run is in.
 
-Run: `.venv/bin/python benchmarks/vs_keras_fit.py` (about 30 s on 2 cores).
+Run: `.venv/bin/python benchmarks/vs_keras_fit.py` (about 45 s on 2 cores).
 """
 
 import os
@@ -44,7 +44,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 GLOBAL_BATCH = 64
 STEPS = 300
 WARMUP_STEPS = 50
-ROUNDS = 15
+ROUNDS = 20
 SEED = 0
 
 

@@ -81,7 +81,18 @@ class Inputs:
 
     @property
     def materialised(self) -> bool:
-        return isinstance(self.source, ArraySource) and self.config.pipeline.tfrecord.enabled
+        return self.config.pipeline.tfrecord.enabled
+
+    def host_arrays(self, training: bool):
+        """(features, labels) of one split in host memory; a file source is read once for it."""
+        if isinstance(self.source, ArraySource):
+            indices = self.sizes.train_indices if training else self.sizes.validation_indices
+            return self.source.features[indices], self.source.labels[indices]
+        from bwopt.pipeline import file_elements
+
+        files = self.source.train_files if training else self.source.validation_files
+        batches = list(file_elements(self.config.pipeline, files, self.source.open_file).batch(1024).as_numpy_iterator())
+        return np.concatenate([features for features, _ in batches]), np.concatenate([labels for _, labels in batches])
 
     def tfrecord_files(self, training: bool):
         """The TFRecord shards of one split, written (or found in the cache) on first use."""
@@ -89,10 +100,9 @@ class Inputs:
 
         split = "train" if training else "validation"
         if split not in self.tfrecords:
-            indices = self.sizes.train_indices if training else self.sizes.validation_indices
             settings = self.config.pipeline.tfrecord
             self.tfrecords[split] = materialise(
-                self.source.features[indices], self.source.labels[indices],
+                *self.host_arrays(training),
                 directory=settings.directory, num_shards=settings.num_shards, compression=settings.compression,
             )
         return self.tfrecords[split]
