@@ -99,7 +99,7 @@ def run_training(session: Session) -> None:
 
 
 def _measure_ceilings(session: Session, steps) -> None:
-    from bwopt.ceilings import compute_ceiling, input_ceiling
+    from bwopt.measure.ceilings import compute_ceiling, input_ceiling
 
     config, measurements = session.config, session.summary.measurements
     batch, num_steps = config.train.global_batch_size, config.measure.ceiling_steps
@@ -114,7 +114,7 @@ def _measure_ceilings(session: Session, steps) -> None:
 
 
 def _measure_inference(session: Session, model) -> None:
-    from bwopt.inference import measure_inference
+    from bwopt.measure.inference import measure_inference
 
     config, source = session.config, session.source
     with session.strategy.scope():
@@ -134,7 +134,7 @@ def run_input_only(session: Session) -> None:
     """
     import time
 
-    from bwopt.ceilings import wait_for_batch
+    from bwopt.measure.ceilings import wait_for_batch
     from bwopt.train import STOP
 
     config = session.config

@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, run_bwopt
 
 pytestmark = pytest.mark.slow
@@ -75,7 +74,7 @@ def test_config_folder_is_found_from_an_installed_wheel(tmp_path):
     assert (site / "bwopt" / "conf" / "pipeline" / "tuned.yaml").is_file()
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
     where = subprocess.run(
-        [sys.executable, "-c", "import bwopt.runner, bwopt.data.tfrecord; from bwopt.app import config_dir; print(config_dir())"],
+        [sys.executable, "-c", "import bwopt.runner, bwopt.data.tfrecord, bwopt.measure.ceilings; from bwopt.app import config_dir; print(config_dir())"],
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
     )
     assert where.stdout.strip() == str(site / "bwopt" / "conf")

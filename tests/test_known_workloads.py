@@ -12,12 +12,12 @@ observed deviations were under 5 %), 0.08 absolute on fractions.
 import time
 
 import pytest
+from conftest import compose_config
 
 from bwopt.app import validate
 from bwopt.data.sources import load_artificial
 from bwopt.measure import StepTimer
 from bwopt.pipeline import build_dataset, file_elements
-from conftest import compose_config
 
 BATCH = 16
 ELEMENT_S = 0.001

@@ -97,12 +97,12 @@ def test_distribute_datasets_from_function_gives_per_replica_batches(run_experim
 
 def test_per_replica_batches_from_the_input_context(devices):
     import tensorflow as tf
+    from conftest import compose_config
 
     from bwopt.app import validate
     from bwopt.data.sources import load_digits
     from bwopt.inputs import Inputs, plan
     from bwopt.strategies import distribute_input
-    from conftest import compose_config
 
     config = validate(compose_config(["strategy=mirrored", "pipeline.distribute.method=distribute_datasets_from_function"]))
     source = load_digits(None, seed=0)
@@ -115,10 +115,11 @@ def test_per_replica_batches_from_the_input_context(devices):
 
 def test_worker_shards_of_the_input_are_disjoint_and_cover_the_split():
     """Two input pipelines (two workers) each read their own shard of the training split."""
+    from conftest import compose_config
+
     from bwopt.app import validate
     from bwopt.data.sources import load_digits
     from bwopt.inputs import Inputs, plan
-    from conftest import compose_config
 
     config = validate(compose_config())
     source = load_digits(None, seed=0)
@@ -157,12 +158,12 @@ def test_every_experiment_preset_runs_shrunk(run_experiment, preset):
 @pytest.mark.parametrize("fetch_to_device", [True, False])
 def test_input_options_reach_the_distributed_dataset(devices, fetch_to_device):
     import tensorflow as tf
+    from conftest import compose_config
 
     from bwopt.app import validate
     from bwopt.data.sources import load_digits
     from bwopt.inputs import Inputs, plan
     from bwopt.strategies import distribute_input
-    from conftest import compose_config
 
     config = validate(compose_config([
         "strategy=mirrored", f"pipeline.distribute.fetch_to_device={fetch_to_device}",

@@ -4,12 +4,12 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from conftest import compose_config
 
 from bwopt.app import validate
 from bwopt.data.sources import load_artificial
 from bwopt.pipeline import array_elements, build_dataset, file_elements
 from bwopt.schema import ArtificialData
-from conftest import compose_config
 
 FEATURES = np.arange(200 * 4, dtype=np.uint8).reshape(200, 2, 2, 1) % 17
 LABELS = (np.arange(200) % 10).astype(np.int32)

@@ -2,10 +2,7 @@
 
 from pathlib import Path
 
-
 from bwopt.profiling import StepProfiler
-
-
 
 
 def traced_step_numbers(xplane_path: Path) -> list:

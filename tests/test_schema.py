@@ -4,10 +4,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import compose_config, count_runs, run_bwopt
 
 from bwopt.app import config_dir, validate
 from bwopt.schema import Config, ConfigError
-from conftest import compose_config, count_runs, run_bwopt
 
 GROUPS = ["data", "split", "pipeline", "device", "strategy", "model", "tracking"]
 

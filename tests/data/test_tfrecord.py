@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from bwopt.data.sources import load_digits
-from bwopt.data.tfrecord import COMPRESSIONS, materialise, measure_read_throughput, read_dataset
+from bwopt.data.tfrecord import (
+    COMPRESSIONS,
+    materialise,
+    measure_read_throughput,
+    read_dataset,
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from bwopt.inference import InferenceFigures, measure_inference
+from bwopt.measure.inference import InferenceFigures, measure_inference
 
 SLEEP_S = 0.005
 

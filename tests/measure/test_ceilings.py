@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from bwopt.ceilings import compute_ceiling, input_ceiling
+from bwopt.measure.ceilings import compute_ceiling, input_ceiling
 
 BATCH = 32
 FEATURES = 8

@@ -8,7 +8,11 @@ import numpy as np
 import psutil
 import pytest
 
-from bwopt.measure import host_memcpy_bandwidth_bytes_per_s, peak_device_memory_bytes, peak_host_rss_bytes
+from bwopt.measure import (
+    host_memcpy_bandwidth_bytes_per_s,
+    peak_device_memory_bytes,
+    peak_host_rss_bytes,
+)
 
 MiB = 2**20
 

@@ -1,0 +1,36 @@
+"""Every figure bwopt reports, defined once, each with a docstring saying what is timed and what is not.
+
+- `timing`: the timed loop (throughput, step-time percentiles, jitter, input wait, verdict);
+- `ceilings`: the train step alone and the input pipeline alone;
+- `host`: memcpy bandwidth and peak memory, measured in the run's own process;
+- `inference`: forward-pass throughput and latency;
+- `advice`: efficiency against the ceilings and the recommendation.
+
+Nothing here imports TensorFlow at module level.
+"""
+
+from bwopt.measure.advice import Ceilings, efficiency, pipeline_knobs_off, recommend
+from bwopt.measure.ceilings import compute_ceiling, input_ceiling, wait_for_batch
+from bwopt.measure.host import (
+    host_memcpy_bandwidth_bytes_per_s,
+    peak_device_memory_bytes,
+    peak_host_rss_bytes,
+)
+from bwopt.measure.inference import InferenceFigures, measure_inference
+from bwopt.measure.timing import (
+    HIGHLY_INPUT_BOUND,
+    MAD_TO_SIGMA,
+    MODERATELY_INPUT_BOUND,
+    StepTimer,
+    TimingFigures,
+    input_bound_verdict,
+    jitter,
+    timing_figures,
+)
+
+__all__ = [
+    "Ceilings", "HIGHLY_INPUT_BOUND", "InferenceFigures", "MAD_TO_SIGMA", "MODERATELY_INPUT_BOUND",
+    "StepTimer", "TimingFigures", "compute_ceiling", "efficiency", "host_memcpy_bandwidth_bytes_per_s",
+    "input_bound_verdict", "input_ceiling", "jitter", "measure_inference", "peak_device_memory_bytes",
+    "peak_host_rss_bytes", "pipeline_knobs_off", "recommend", "timing_figures", "wait_for_batch",
+]

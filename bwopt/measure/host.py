@@ -1,0 +1,61 @@
+"""Physical references measured in the run's own process: memcpy bandwidth and peak memory."""
+
+import sys
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+
+def host_memcpy_bandwidth_bytes_per_s(num_bytes: int = 64 * 2**20, repeats: int = 5) -> float:
+    """Host memory-copy bandwidth: a ceiling for any host-side step that moves every byte once.
+
+    Timed: `np.copyto` of one preallocated uint8 buffer of `num_bytes` into another, `repeats`
+    times; the fastest copy counts. Excluded: allocating and first-touching both buffers (one
+    untimed copy faults their pages in). The figure counts each byte once (`num_bytes` / s),
+    not read + write, so it compares directly with a pipeline's bytes/s.
+
+    The two buffers add 2 x `num_bytes` to the process's resident set: read
+    `peak_host_rss_bytes` before calling this, or the peak reports the buffers.
+    """
+    source = np.ones(num_bytes, dtype=np.uint8)
+    destination = np.empty_like(source)
+    np.copyto(destination, source)
+    fastest_s = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        np.copyto(destination, source)
+        fastest_s = min(fastest_s, time.perf_counter() - started)
+    return num_bytes / fastest_s
+
+
+def peak_host_rss_bytes() -> int:
+    """Peak resident set size of this process so far, in bytes (`getrusage` ru_maxrss).
+
+    Linux reports ru_maxrss in kilobytes, macOS in bytes. The peak never goes down, so it covers
+    everything the process did before the call, start-up and imports included.
+    """
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def peak_device_memory_bytes(device_names: List[str]) -> Optional[Dict[str, int]]:
+    """Peak memory TensorFlow's allocator held on each GPU or TPU, in bytes, keyed by device name.
+
+    The peak counts since the process started or since the last
+    `tf.config.experimental.reset_memory_stats`. CPU devices are skipped: TensorFlow keeps no
+    memory statistics for them. Returns None when no GPU or TPU is among `device_names`.
+    """
+    import tensorflow as tf
+
+    accelerators = [
+        name for name in device_names if tf.DeviceSpec.from_string(name).device_type in ("GPU", "TPU")
+    ]
+    if not accelerators:
+        return None
+    return {name: int(tf.config.experimental.get_memory_info(name)["peak"]) for name in accelerators}
+
+
+# ---- Ceilings, efficiency and a recommendation ------------------------------------------------
