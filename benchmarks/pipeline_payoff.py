@@ -19,8 +19,8 @@ speed hits both sides alike); every ratio printed is the median of the per-round
     throughput ratio is printed next to the ratio predicted from the two latencies measured
     independently in the same round with plain perf_counter and none of bwopt's timing code:
     input = 48 batches (two passes over the training files) of the same tf.data pipeline
-    (prefetch 0) iterated alone; compute = 30 calls of the same train step (bwopt.train.make_step_functions, with its 20 ms sleep) on one
-    batch, each read back on the host.
+    (prefetch 0) iterated alone; compute = 30 calls of the same train step
+    (bwopt.train.make_step_functions, with its 20 ms sleep) on one batch, each read on the host.
 
 TensorFlow fixes its devices once per process, so all runs share the default device set-up
 (2 logical CPUs; the default strategy uses the first).
@@ -144,11 +144,15 @@ def main() -> None:
 
 
 def print_header() -> None:
-    print("pipeline_payoff: bwopt runs (bwopt.runner.run, tracking=none) compared side by side,", flush=True)
-    print(f"  {ROUNDS} interleaved rounds (ABBA order), ratios = median of per-round throughput ratios", flush=True)
-    print("  (a) synthetic 32x32x3 uint8, augment_repeats=4, batch 128, 2 epochs: pipeline=tuned vs pipeline=naive", flush=True)
-    print(f"  (b) artificial, {ELEMENT_S * 1e3:g} ms/element, {COMPUTE_S * 1e3:g} ms/step, batch {ARTIFICIAL_BATCH}, pipeline=naive:"
-          " prefetch=2 vs prefetch=0, next to (input+compute)/max(input,compute) from latencies timed alone", flush=True)
+    lines = [
+        "pipeline_payoff: bwopt runs (bwopt.runner.run, tracking=none) compared side by side,",
+        f"  {ROUNDS} interleaved rounds (ABBA order); ratio = median of the per-round throughput ratios",
+        "  (a) synthetic 32x32x3 uint8, augment_repeats=4, batch 128, 2 epochs: pipeline=tuned vs pipeline=naive",
+        f"  (b) artificial, {ELEMENT_S * 1e3:g} ms/element, {COMPUTE_S * 1e3:g} ms/step, batch {ARTIFICIAL_BATCH}, "
+        + "pipeline=naive: prefetch=2 vs prefetch=0,",
+        "      next to the ratio (input+compute)/max(input,compute) predicted from latencies timed alone",
+    ]
+    print("\n".join(lines), flush=True)
 
 
 def per_round_ratio(throughput, numerator: str, denominator: str) -> float:
@@ -173,7 +177,10 @@ def report(throughput, wait, predicted, wall_s: float) -> None:
     tuned = per_round_ratio(throughput, "synthetic, pipeline=tuned", "synthetic, pipeline=naive")
     prefetch = per_round_ratio(throughput, "artificial, prefetch=2", "artificial, prefetch=0")
     print(f"ratio synthetic+augment throughput tuned/naive: {tuned:.2f}")
-    print(f"ratio artificial throughput prefetch=2/prefetch=0: {prefetch:.2f} (predicted (input+compute)/max(input,compute): {expected:.2f})")
+    print(
+        f"ratio artificial throughput prefetch=2/prefetch=0: {prefetch:.2f}"
+        f" (predicted (input+compute)/max(input,compute): {expected:.2f})"
+    )
 
 
 if __name__ == "__main__":

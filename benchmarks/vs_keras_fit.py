@@ -12,11 +12,12 @@ built by `bwopt.pipeline.build_dataset` with the default pipeline config (parall
   and scales the features (x 1/16) on the device;
 - fit: a Keras model made of `Rescaling(1/16)` followed by the same MLP, compiled with the same
   loss (sparse categorical cross-entropy from logits), optimizer and an accuracy metric (bwopt's
-  step counts correct predictions too), trained with `fit(steps_per_epoch=N, epochs=1, verbose=0, shuffle=False)` (the dataset
-  shuffles itself).
+  step counts correct predictions too), trained with
+  `fit(steps_per_epoch=N, epochs=1, verbose=0, shuffle=False)` (the dataset shuffles itself).
 
 Each measurement is the wall clock (perf_counter) around one whole call, `train(...)` or
-`fit(...)`, of N steps; both calls start a fresh iterator over the dataset. Before the rounds,
+`fit(...)`, of N steps; each call starts from a fresh iterator over its dataset (bwopt:
+`iter()` of the distributed dataset, made inside the timed call). Before the rounds,
 each side gets one separate warm-up call (tracing, autotuning). The two then alternate in
 interleaved rounds (the order alternates between rounds, ABBA..., so drift in machine speed hits
 both alike). Printed: the median examples/s of each and the median of the per-round ratios
@@ -111,7 +112,7 @@ def build_sides(config):
 
     def bwopt_block(num_steps: int) -> None:
         train(
-            steps, bwopt_data, (), epochs=1, steps_per_epoch=num_steps, examples_per_step=GLOBAL_BATCH,
+            steps, iter(bwopt_data), (), epochs=1, steps_per_epoch=num_steps, examples_per_step=GLOBAL_BATCH,
             num_validation_examples=1, timer=StepTimer(), on_epoch_end=lambda *_: None,
             progress=NoProgress(), profiler=NoProfiler(),
         )
@@ -162,15 +163,20 @@ def block_wall_s(block) -> float:
 def main() -> None:
     from bwopt.devices import configure
 
-    print("vs_keras_fit: bwopt.train.train vs keras Model.fit, same MLP, digits, batch 64, default strategy", flush=True)
-    print(f"  wall clock around {STEPS}-step calls after one warm-up call each, {ROUNDS} interleaved rounds (ABBA);", flush=True)
+    lines = [
+        f"vs_keras_fit: bwopt.train.train vs Model.fit, same MLP, digits, batch {GLOBAL_BATCH}, default strategy;",
+        f"  wall clock around {STEPS}-step calls after one warm-up call each, {ROUNDS} interleaved rounds",
+        "  (ABBA); ratio = median of the per-round examples/s ratios bwopt/fit.",
+        "  bwopt's loop synchronises every step (it reads loss and correct count on the host, to time the step);",
+    ]
     if fit_syncs_every_step():
-        print(
-            f"  bwopt's loop synchronises every step (to time it); so does fit here (Keras {keras_version()}, TF backend:"
-            " callbacks read the logs on the host after every step), so the ratio is loop overhead alone", flush=True,
+        lines.append(
+            f"  so does fit here (Keras {keras_version()}, TF backend: its callbacks read the logs on the host after"
+            " every step),\n  so the ratio compares the rest of the per-step overhead"
         )
     else:
-        print("  bwopt's loop synchronises every step (to time it), fit does not: a ratio a bit below 1 is that price", flush=True)
+        lines.append("  fit does not: a ratio a bit below 1 is the price of per-step timing")
+    print("\n".join(lines), flush=True)
     started_all = time.perf_counter()
     config = default_config()
     configure(config.device)

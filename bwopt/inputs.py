@@ -62,6 +62,14 @@ def plan(config, source) -> InputPlan:
             f"train.warmup_steps={config.train.warmup_steps} leaves no step to time out of "
             f"{config.train.epochs * steps_per_epoch}; lower it or train longer"
         )
+    if config.mode == "train" and config.measure.profile_num_steps:
+        first_timed = max(config.train.warmup_steps, config.measure.profile_start_step)
+        if first_timed + config.measure.profile_num_steps >= config.train.epochs * steps_per_epoch:
+            raise ConfigError(
+                f"measure.profile_start_step={config.measure.profile_start_step} and "
+                f"measure.profile_num_steps={config.measure.profile_num_steps} leave no step to time out of "
+                f"{config.train.epochs * steps_per_epoch}; profile fewer steps or train longer"
+            )
     bytes_per_example = int(np.prod(source.feature_shape)) * transfer_itemsize(config.pipeline.transfer_dtype)
     return InputPlan(
         train_indices, validation_indices, num_train, num_validation, steps_per_epoch,

@@ -74,10 +74,11 @@ def run_training(session: Session) -> None:
     )
     progress = ProgressBar(config.train.epochs, sizes.steps_per_epoch, config.train.global_batch_size)
     progress.enabled = progress.enabled and config.measure.progress
+    train_iterator = iter(distributed(session, training=True))
     try:
         summary.final_metrics = train(
             steps,
-            distributed(session, training=True),
+            train_iterator,
             distributed(session, training=False),
             epochs=config.train.epochs,
             steps_per_epoch=sizes.steps_per_epoch,
@@ -93,24 +94,26 @@ def run_training(session: Session) -> None:
     if config.measure.profile_num_steps:
         tracker.log_artifacts(session.output_dir / "profile", "profile")
     if config.measure.ceilings:
-        _measure_ceilings(session, steps)
+        _measure_ceilings(session, steps, train_iterator)
     if config.measure.inference_batch_sizes:
         _measure_inference(session, model)
 
 
-def _measure_ceilings(session: Session, steps) -> None:
-    from bwopt.measure.ceilings import compute_ceiling, input_ceiling
+def _measure_ceilings(session: Session, steps, train_iterator) -> None:
+    """Both ceilings on the training pipeline as training left it: warm, caches filled."""
+    from bwopt.measure import compute_ceiling, input_ceiling
+    from bwopt.strategies import place_on_replica_devices
 
     config, measurements = session.config, session.summary.measurements
     batch, num_steps = config.train.global_batch_size, config.measure.ceiling_steps
     warmup = min(config.train.warmup_steps, num_steps)
     examples_per_s, bytes_per_s = input_ceiling(
-        distributed(session, training=True), num_steps, warmup, batch, batch * session.sizes.bytes_per_example
+        train_iterator, num_steps, warmup, batch, batch * session.sizes.bytes_per_example
     )
     measurements["input_ceiling_examples_per_s"] = examples_per_s
     measurements["input_ceiling_bytes_per_s"] = bytes_per_s
-    on_device = next(iter(distributed(session, training=True)))
-    measurements["compute_ceiling_examples_per_s"] = compute_ceiling(steps.train_step, on_device, num_steps, warmup, batch)
+    on_devices = place_on_replica_devices(session.strategy, next(train_iterator), session.summary.devices)
+    measurements["compute_ceiling_examples_per_s"] = compute_ceiling(steps.train_step, on_devices, num_steps, warmup, batch)
 
 
 def _measure_inference(session: Session, model) -> None:

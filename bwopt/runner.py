@@ -12,7 +12,7 @@ from bwopt.data.sources import load_source
 from bwopt.inputs import Inputs, plan
 from bwopt.measure import StepTimer, TimingFigures, timing_figures
 from bwopt.modes import MODES, Session
-from bwopt.schema import Config, ConfigError
+from bwopt.schema import Config, check_batch_divisible
 from bwopt.tracking import build_tracker, flatten
 
 # Keep TensorFlow's C++ start-up chatter out of the report unless the user asks for it.
@@ -47,17 +47,23 @@ class Summary:
 
 def run(config: Config, output_dir: Path, resolved: dict) -> Summary:
     """Run one experiment; the MLflow run ends FINISHED, FAILED or KILLED with what was measured."""
+    from bwopt.measure import reset_peak_host_rss
+    from bwopt.train import STOP
+
     output_dir.mkdir(parents=True, exist_ok=True)
     source = load_source(config.data, config.seed, config.split.validation_fraction)
     sizes = plan(config, source)
     tracker = build_tracker(config.tracking)
     summary = Summary(run_id=tracker.start(flatten(resolved), tags={"mode": config.mode}), status="FAILED", mode=config.mode)
+    reset_peak_host_rss()  # this run's peak, not that of earlier jobs of a multirun
     timer = StepTimer()
     session = None
     try:
         with ExitStack() as resources:
             session = _set_up(config, source, sizes, tracker, timer, summary, output_dir, resources)
+            STOP.check()  # a signal during set-up
             MODES[config.mode](session)
+            STOP.check()  # a signal during the ceilings or inference
         summary.status = "FINISHED"
     except KeyboardInterrupt:
         summary.status = "KILLED"
@@ -71,6 +77,7 @@ def _set_up(config, source, sizes, tracker, timer, summary, output_dir, resource
     import tensorflow as tf
 
     from bwopt.devices import configure
+    from bwopt.measure import reset_device_memory_peaks
     from bwopt.strategies import build_strategy, replica_devices
 
     tf.keras.utils.set_random_seed(config.seed)
@@ -78,11 +85,8 @@ def _set_up(config, source, sizes, tracker, timer, summary, output_dir, resource
     strategy = build_strategy(config.strategy, devices)
     summary.num_replicas = strategy.num_replicas_in_sync
     summary.devices = replica_devices(strategy, devices)
-    if config.train.global_batch_size % summary.num_replicas:
-        raise ConfigError(
-            f"train.global_batch_size={config.train.global_batch_size} is not divisible by the "
-            f"{summary.num_replicas} replicas; use a multiple of {summary.num_replicas}"
-        )
+    reset_device_memory_peaks(summary.devices)
+    check_batch_divisible(config, summary.num_replicas)  # GPUs are counted only now
     tracker.set_tags(
         {
             "tensorflow_version": tf.__version__,
@@ -110,19 +114,36 @@ def _data_service(config, resources: ExitStack):
 
 
 def _finish(config, sizes, tracker, timer, summary, output_dir, resolved, session) -> None:
-    """Keep what was measured, even when the run failed part-way."""
-    from omegaconf import OmegaConf
+    """Keep what was measured, even when the run failed part-way; the MLflow run always ends."""
+    try:
+        _measure_after(config, sizes, timer, summary, session)
+        _record(tracker, summary, output_dir, resolved)
+    except KeyboardInterrupt:
+        summary.status = "KILLED"
+        raise
+    except BaseException:
+        summary.status = "FAILED"
+        raise
+    finally:
+        tracker.end(summary.status)
+    print_summary(summary, file=sys.stdout if summary.status == "FINISHED" else sys.stderr)
 
-    from bwopt.measure import host_memcpy_bandwidth_bytes_per_s, peak_host_rss_bytes
+
+def _measure_after(config, sizes, timer, summary, session) -> None:
+    """The run-level figures: timing, TFRecord files, memory, bandwidth, efficiency, advice."""
+    from bwopt.measure import excluded_steps, host_memcpy_bandwidth_bytes_per_s, peak_host_rss_bytes
 
     measurements = summary.measurements
     warmup = config.train.warmup_steps
     if timer.num_steps > warmup:
-        summary.figures = timing_figures(
-            timer, warmup, config.train.global_batch_size, config.train.global_batch_size * sizes.bytes_per_example,
-            excluded=_profiled_steps(config),
+        training = config.mode == "train"
+        epoch_warmup = warmup if config.train.epoch_warmup_steps is None else config.train.epoch_warmup_steps
+        excluded = excluded_steps(
+            config.train.epochs if training else 1, sizes.steps_per_epoch, epoch_warmup,
+            _profiled_steps(config) if training else (),
         )
-        tracker.set_tags({"input_bound_verdict": summary.figures.input_bound_verdict})
+        batch = config.train.global_batch_size
+        summary.figures = timing_figures(timer, warmup, batch, batch * sizes.bytes_per_example, excluded=excluded)
     if session is not None and session.inputs.materialised:
         measurements.update(_tfrecord_figures(session))
     # Before the memcpy test, whose two buffers would raise the peak.
@@ -135,7 +156,14 @@ def _finish(config, sizes, tracker, timer, summary, output_dir, resolved, sessio
             )
     _device_memory(summary, measurements)
     _efficiency_and_recommendation(config, summary)
-    tracker.log_metrics({**(summary.figures.metrics() if summary.figures else {}), **measurements})
+
+
+def _record(tracker, summary: Summary, output_dir: Path, resolved: dict) -> None:
+    from omegaconf import OmegaConf
+
+    tracker.log_metrics({**(summary.figures.metrics() if summary.figures else {}), **summary.measurements})
+    if summary.figures and summary.mode == "train":
+        tracker.set_tags({"input_bound_verdict": summary.figures.input_bound_verdict})
     if summary.recommendation:
         tracker.set_tags({"recommendation": summary.recommendation})
     OmegaConf.save(OmegaConf.create(resolved), output_dir / "config.yaml")
@@ -143,8 +171,6 @@ def _finish(config, sizes, tracker, timer, summary, output_dir, resolved, sessio
     for name in ("config.yaml", "summary.json"):
         tracker.log_artifacts(output_dir / name)
     tracker.log_artifacts(output_dir / ".hydra", ".hydra")
-    tracker.end(summary.status)
-    print_summary(summary, file=sys.stdout if summary.status == "FINISHED" else sys.stderr)
 
 
 def _profiled_steps(config) -> range:

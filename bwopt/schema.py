@@ -466,6 +466,10 @@ class TrainConfig:
     epochs: int = 10
     # Steps excluded from every timing figure (tracing, autotuning, cache fill).
     warmup_steps: int = 5
+    # Steps excluded at the start of every later epoch: during validation the input pipeline
+    # fills its buffers, so the next steps get batches for free. null = warmup_steps; raise it
+    # to the prefetch depth when that is larger.
+    epoch_warmup_steps: Optional[int] = None
     # Steps per epoch; null for one pass over the training split.
     steps_per_epoch: Optional[int] = None
     optimizer: str = "adam"
@@ -475,6 +479,8 @@ class TrainConfig:
         check_at_least("train.global_batch_size", self.global_batch_size, 1)
         check_at_least("train.epochs", self.epochs, 1)
         check_at_least("train.warmup_steps", self.warmup_steps, 0)
+        if self.epoch_warmup_steps is not None:
+            check_at_least("train.epoch_warmup_steps", self.epoch_warmup_steps, 0)
         if self.steps_per_epoch is not None:
             check_at_least("train.steps_per_epoch", self.steps_per_epoch, 1)
         check_choice("train.optimizer", self.optimizer, ("adam", "sgd", "rmsprop"))
@@ -564,12 +570,20 @@ def check_valid_combination(config: Config) -> None:
         )
     if config.data.name == "artificial" and config.device.jit_compile and config.data.step_compute_s:
         raise ConfigError("data.step_compute_s sleeps in Python, which XLA cannot compile; set device.jit_compile=false")
-    num_replicas = config.num_replicas
-    if num_replicas and config.train.global_batch_size % num_replicas:
+    if config.num_replicas:
+        check_batch_divisible(config, config.num_replicas)
+    if config.mode != "train" and config.measure.ceilings:
+        raise ConfigError(f"measure.ceilings=true needs mode=train (mode={config.mode} measures no training step)")
+    if config.mode == "input" and config.measure.inference_batch_sizes:
+        raise ConfigError("measure.inference_batch_sizes needs mode=train or mode=inference, not mode=input")
+
+
+def check_batch_divisible(config: Config, num_replicas: int) -> None:
+    """Every replica gets the same share of a global batch."""
+    if config.train.global_batch_size % num_replicas:
         raise ConfigError(
             f"train.global_batch_size={config.train.global_batch_size} is not divisible by the "
-            f"{num_replicas} replicas of strategy={config.strategy.name}; "
-            f"use a multiple of {num_replicas}"
+            f"{num_replicas} replicas of strategy={config.strategy.name}; use a multiple of {num_replicas}"
         )
 
 

@@ -75,3 +75,21 @@ def distribute_input(strategy, config, make_dataset):
     if config.method == "distribute_datasets_from_function":
         return strategy.distribute_datasets_from_function(make_dataset, options=options)
     return strategy.experimental_distribute_dataset(make_dataset(None), options=options)
+
+
+def place_on_replica_devices(strategy, batch, device_names):
+    """A copy of a distributed batch with each replica's part on that replica's device.
+
+    With `fetch_to_device=false`, or the default strategy on a GPU, batches arrive in host
+    memory and every step would copy them; the compute ceiling must not time that copy.
+    """
+    import tensorflow as tf
+
+    parts = [strategy.experimental_local_results(value) for value in tf.nest.flatten(batch)]
+    placed = []
+    for replica, device in enumerate(device_names):
+        with tf.device(device):
+            placed.append(tf.nest.pack_sequence_as(batch, [tf.identity(part[replica]) for part in parts]))
+    if strategy.num_replicas_in_sync == 1:
+        return placed[0]
+    return strategy.experimental_distribute_values_from_function(lambda context: placed[context.replica_id_in_sync_group])

@@ -56,8 +56,12 @@ class MlflowTracker:
         )
         self.run_id = run.info.run_id
         items = [Param(key, value) for key, value in params.items()]
-        for start in range(0, len(items), MLFLOW_PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=items[start : start + MLFLOW_PARAMS_PER_BATCH])
+        try:
+            for start in range(0, len(items), MLFLOW_PARAMS_PER_BATCH):
+                self.client.log_batch(self.run_id, params=items[start : start + MLFLOW_PARAMS_PER_BATCH])
+        except BaseException:
+            self.end("FAILED")  # never leave a run RUNNING
+            raise
         return self.run_id
 
     def _guarded(self, what: str, action) -> None:

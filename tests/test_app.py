@@ -60,7 +60,7 @@ def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path):
     client, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
     assert run.info.status == "KILLED"
     assert len(client.get_metric_history(run.info.run_id, "val_accuracy")) >= 3
-    assert run.data.metrics["num_timed_steps"] >= 3 * 22 - 3
+    assert run.data.metrics["num_timed_steps"] >= 3 * (22 - 3)
 
 
 def test_config_folder_is_found_from_an_installed_wheel(tmp_path):

@@ -129,10 +129,28 @@ def test_reported_throughput_matches_the_loops_wall_clock():
         return build_dataset(config.pipeline, elements, 64, training=training, seed=0)
 
     timer, clock = StepTimer(), WallClock()
-    train(steps, dataset(True), dataset(False), epochs=1, steps_per_epoch=200, examples_per_step=64,
+    train(steps, iter(dataset(True)), dataset(False), epochs=1, steps_per_epoch=200, examples_per_step=64,
           num_validation_examples=source.num_examples, timer=timer, on_epoch_end=lambda *_: None,
           progress=clock, profiler=NoProfiler())
     figures = timing_figures(timer, warmup_steps=0, examples_per_step=64, bytes_per_step=64 * 260)
     wall_s = clock.ended - clock.started
     assert figures.timed_wall_s <= wall_s
     assert figures.throughput_examples_per_s == pytest.approx(200 * 64 / wall_s, rel=0.03)
+
+
+@pytest.mark.parametrize("epoch_warmup_steps,biased", [(0, True), (7, False)])
+def test_steps_fed_during_validation_are_left_out(run_experiment, input_s_per_batch, epoch_warmup_steps, biased):
+    """An input-bound run over 3 epochs: validation (2 files, ~0.2 s) lets a 6-batch prefetch
+    buffer fill, so the first steps of epochs 2 and 3 cost nothing. Leaving them out gives the
+    steady throughput; counting them inflates it (by half or more here)."""
+    summary = run_experiment(
+        *WORKLOAD, "data.num_files=6", "data.examples_per_file=64", "split.validation_fraction=0.34",
+        "pipeline.prefetch=6", "train.epochs=3", "train.warmup_steps=5", f"train.epoch_warmup_steps={epoch_warmup_steps}",
+        f"data.element_latency_s={ELEMENT_S}", "data.step_compute_s=0",
+    )
+    steady = BATCH / input_s_per_batch
+    measured = summary.figures.throughput_examples_per_s
+    if biased:
+        assert measured > 1.25 * steady
+    else:
+        assert measured == pytest.approx(steady, rel=0.15)

@@ -15,6 +15,8 @@ from bwopt.measure.host import (
     host_memcpy_bandwidth_bytes_per_s,
     peak_device_memory_bytes,
     peak_host_rss_bytes,
+    reset_device_memory_peaks,
+    reset_peak_host_rss,
 )
 from bwopt.measure.inference import InferenceFigures, measure_inference
 from bwopt.measure.timing import (
@@ -23,6 +25,7 @@ from bwopt.measure.timing import (
     MODERATELY_INPUT_BOUND,
     StepTimer,
     TimingFigures,
+    excluded_steps,
     input_bound_verdict,
     jitter,
     timing_figures,
@@ -30,7 +33,7 @@ from bwopt.measure.timing import (
 
 __all__ = [
     "Ceilings", "HIGHLY_INPUT_BOUND", "InferenceFigures", "MAD_TO_SIGMA", "MODERATELY_INPUT_BOUND",
-    "StepTimer", "TimingFigures", "compute_ceiling", "efficiency", "host_memcpy_bandwidth_bytes_per_s",
+    "StepTimer", "TimingFigures", "compute_ceiling", "efficiency", "excluded_steps", "host_memcpy_bandwidth_bytes_per_s",
     "input_bound_verdict", "input_ceiling", "jitter", "measure_inference", "peak_device_memory_bytes",
-    "peak_host_rss_bytes", "pipeline_knobs_off", "recommend", "timing_figures", "wait_for_batch",
+    "peak_host_rss_bytes", "pipeline_knobs_off", "recommend", "reset_device_memory_peaks", "reset_peak_host_rss", "timing_figures", "wait_for_batch",
 ]

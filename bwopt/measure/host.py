@@ -2,6 +2,7 @@
 
 import sys
 import time
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -29,23 +30,55 @@ def host_memcpy_bandwidth_bytes_per_s(num_bytes: int = 64 * 2**20, repeats: int 
     return num_bytes / fastest_s
 
 
-def peak_host_rss_bytes() -> int:
-    """Peak resident set size of this process so far, in bytes (`getrusage` ru_maxrss).
+PROC_STATUS = Path("/proc/self/status")
+PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
 
-    Linux reports ru_maxrss in kilobytes, macOS in bytes. The peak never goes down, so it covers
-    everything the process did before the call, start-up and imports included.
+
+def reset_peak_host_rss() -> bool:
+    """Start a new peak-RSS window (Linux: writing 5 to /proc/self/clear_refs resets VmHWM).
+
+    Several runs share one process in a Hydra multirun; without this, each would report the
+    peak of the runs before it. Returns False where the kernel offers no reset.
     """
+    try:
+        PROC_CLEAR_REFS.write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_host_rss_bytes() -> int:
+    """Peak resident set size of this process, in bytes, since `reset_peak_host_rss` or start-up.
+
+    Linux: VmHWM of /proc/self/status (which the reset lowers); elsewhere `getrusage` ru_maxrss
+    (kilobytes on Linux, bytes on macOS), which never goes down.
+    """
+    try:
+        for line in PROC_STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def reset_device_memory_peaks(device_names: List[str]) -> None:
+    """Start a new peak window on each GPU or TPU among `device_names` (CPU devices keep no stats)."""
+    import tensorflow as tf
+
+    for name in device_names:
+        if tf.DeviceSpec.from_string(name).device_type in ("GPU", "TPU"):
+            tf.config.experimental.reset_memory_stats(name)
+
+
 def peak_device_memory_bytes(device_names: List[str]) -> Optional[Dict[str, int]]:
     """Peak memory TensorFlow's allocator held on each GPU or TPU, in bytes, keyed by device name.
 
-    The peak counts since the process started or since the last
-    `tf.config.experimental.reset_memory_stats`. CPU devices are skipped: TensorFlow keeps no
+    The peak counts since the process started or since `reset_device_memory_peaks`; it is memory
+    in use by tensors, not what the allocator reserved (memory growth changes the latter). CPU devices are skipped: TensorFlow keeps no
     memory statistics for them. Returns None when no GPU or TPU is among `device_names`.
     """
     import tensorflow as tf
@@ -57,5 +90,3 @@ def peak_device_memory_bytes(device_names: List[str]) -> Optional[Dict[str, int]
         return None
     return {name: int(tf.config.experimental.get_memory_info(name)["peak"]) for name in accelerators}
 
-
-# ---- Ceilings, efficiency and a recommendation ------------------------------------------------

@@ -8,8 +8,11 @@ A training step is timed in two parts on the host's monotonic clock (`time.perf_
   reads them, so the step has finished on every replica).
 
 Step time is their sum. Steps run back to back, so the sum of the step times of the timed steps
-is the wall time they took. The first `warmup_steps` steps (tracing, autotuning, cache fill) are
-excluded from every figure; validation between epochs is not part of any step.
+is the wall time they took. Excluded from every figure (see `excluded_steps`): the first
+`warmup_steps` steps (tracing, autotuning, cache fill); the first `warmup_steps` steps of every
+later epoch, because the input pipeline keeps filling its buffers during the validation pass
+between epochs, so those steps would get their batches for free; and steps a profiler traced.
+Validation itself is not part of any step.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -87,6 +90,17 @@ def input_bound_verdict(input_wait_fraction: float) -> str:
 def jitter(values: Sequence[float]) -> float:
     values = np.asarray(values, dtype=np.float64)
     return float(MAD_TO_SIGMA * np.median(np.abs(values - np.median(values))))
+
+
+def excluded_steps(epochs: int, steps_per_epoch: int, epoch_warmup_steps: int, profiled: Sequence[int] = ()) -> set:
+    """Indices of the steps after the initial warm-up that the figures leave out.
+
+    The first `epoch_warmup_steps` of every epoch after the first (the pipeline filled its
+    buffers during validation), and the `profiled` steps (tracing slows them).
+    """
+    first_steps = range(min(epoch_warmup_steps, steps_per_epoch))
+    epoch_starts = {epoch * steps_per_epoch + step for epoch in range(1, epochs) for step in first_steps}
+    return epoch_starts | set(profiled)
 
 
 def timing_figures(
