@@ -9,6 +9,7 @@ from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from bwopt.schema import Config, ConfigError, register_configs, unknown_key_message
 from bwopt.train import STOP
@@ -27,24 +28,23 @@ def validate(cfg: DictConfig) -> Config:
     """Turn a composed config into typed objects, running every value check."""
     try:
         return OmegaConf.to_object(cfg)
-    except ConfigError:
-        raise
-    except Exception as error:  # OmegaConf's own errors carry the full key
+    except OmegaConfBaseException as error:  # OmegaConf's own errors carry the full key
         raise ConfigError(str(error)) from error
 
 
 def run_job(cfg: DictConfig) -> float:
+    """One Hydra job. A config error, found here or once the data is sized, exits with code 2."""
+    from hydra.core.hydra_config import HydraConfig
+
     try:
         config = validate(cfg)
+        from bwopt.runner import run
+
+        output_dir = Path(HydraConfig.get().runtime.output_dir)
+        summary = run(config, output_dir=output_dir, resolved=OmegaConf.to_container(cfg, resolve=True))
     except ConfigError as error:
         print(f"bwopt: invalid config: {error}", file=sys.stderr)
         sys.exit(2)
-    from hydra.core.hydra_config import HydraConfig
-
-    from bwopt.runner import run
-
-    output_dir = Path(HydraConfig.get().runtime.output_dir)
-    summary = run(config, output_dir=output_dir, resolved=OmegaConf.to_container(cfg, resolve=True))
     return summary.objective
 
 

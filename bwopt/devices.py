@@ -32,13 +32,12 @@ def configure_cpu(config) -> DeviceSetup:
         tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
         tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
     except RuntimeError:
-        have = len(tf.config.list_logical_devices("CPU"))
-        if have != config.num_cpu_devices:
-            raise DeviceError(
-                f"device.num_cpu_devices={config.num_cpu_devices}, but TensorFlow was already "
-                f"initialised with {have} logical CPUs in this process; run each device set-up "
-                f"in its own process"
-            ) from None
+        have = {
+            "num_cpu_devices": len(tf.config.list_logical_devices("CPU")),
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        }
+        refuse_changes(config, have)
     return DeviceSetup("cpu", [device.name for device in tf.config.list_logical_devices("CPU")])
 
 
@@ -60,13 +59,12 @@ def configure_gpu(config) -> DeviceSetup:
     try:
         tf.config.set_visible_devices(gpus, "GPU")
         for gpu in gpus:
-            if config.memory_growth:
-                tf.config.experimental.set_memory_growth(gpu, True)
-            elif config.memory_limit_mb is not None:
+            tf.config.experimental.set_memory_growth(gpu, config.memory_growth)
+            if config.memory_limit_mb is not None:
                 limit = tf.config.LogicalDeviceConfiguration(memory_limit=config.memory_limit_mb)
                 tf.config.set_logical_device_configuration(gpu, [limit])
-    except RuntimeError as error:
-        raise DeviceError(f"GPUs were already initialised in this process: {error}") from None
+    except RuntimeError:
+        refuse_changes(config, {"memory_growth": tf.config.experimental.get_memory_growth(gpus[0])})
     return DeviceSetup("gpu", [device.name for device in tf.config.list_logical_devices("GPU")])
 
 
@@ -83,6 +81,17 @@ def configure_tpu(config) -> DeviceSetup:
             "run on a Cloud TPU VM or give its name or grpc:// address"
         ) from None
     return DeviceSetup("tpu", [device.name for device in tf.config.list_logical_devices("TPU")], resolver)
+
+
+def refuse_changes(config, have: dict) -> None:
+    """In a process whose devices are already initialised, accept only the same settings."""
+    changed = {key: value for key, value in have.items() if getattr(config, key) != value}
+    if changed:
+        described = ", ".join(f"device.{key}={getattr(config, key)} (it has {value})" for key, value in changed.items())
+        raise DeviceError(
+            f"TensorFlow was already initialised in this process, so {described} cannot take "
+            "effect; run each device set-up in its own process"
+        )
 
 
 TARGETS = {"cpu": configure_cpu, "gpu": configure_gpu, "tpu": configure_tpu}

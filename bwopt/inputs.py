@@ -26,6 +26,7 @@ class InputPlan:
         num_train_examples, num_validation_examples: examples in each split.
         steps_per_epoch: training steps per epoch.
         bytes_per_example: host bytes of one example as transferred (features + label).
+        feature_dtype: the features' dtype as stored by the source.
     """
 
     train_indices: Optional[np.ndarray]
@@ -34,6 +35,11 @@ class InputPlan:
     num_validation_examples: int
     steps_per_epoch: int
     bytes_per_example: int
+    feature_dtype: str
+
+    @property
+    def integer_features(self) -> bool:
+        return bool(np.issubdtype(np.dtype(self.feature_dtype), np.integer))
 
 
 def transfer_itemsize(dtype: str) -> int:
@@ -50,6 +56,12 @@ def plan(config, source) -> InputPlan:
         num_train, num_validation = len(train_indices), len(validation_indices)
     else:
         num_train, num_validation = source.num_train_examples, source.num_validation_examples
+    transfer = config.pipeline.transfer_dtype
+    if np.issubdtype(np.dtype(source.feature_dtype), np.floating) and transfer in ("uint8",):
+        raise ConfigError(
+            f"pipeline.transfer_dtype={transfer} would truncate the {source.feature_dtype} features of "
+            f"data={config.data.name}; use float32, float16 or bfloat16 (or integer features, e.g. data.dtype=uint8)"
+        )
     batch = config.train.global_batch_size
     steps_per_epoch = config.train.steps_per_epoch or num_train // batch
     if steps_per_epoch == 0:
@@ -73,7 +85,7 @@ def plan(config, source) -> InputPlan:
     bytes_per_example = int(np.prod(source.feature_shape)) * transfer_itemsize(config.pipeline.transfer_dtype)
     return InputPlan(
         train_indices, validation_indices, num_train, num_validation, steps_per_epoch,
-        bytes_per_example + LABEL_BYTES,
+        bytes_per_example + LABEL_BYTES, source.feature_dtype,
     )
 
 

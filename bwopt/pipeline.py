@@ -4,10 +4,11 @@ Order of the training pipeline (validation skips shuffle, repeat, augmentation, 
 service):
 
     elements  in-memory slices | TFRecord shards | files via interleave
-    map       cast to the transfer dtype (+ augmentation rounds)   } swapped with batch when
-    cache / snapshot                                               } vectorized_map: cache and
-    shuffle, repeat                                                } snapshot then hold raw
-    batch                                                          } elements
+    map       cast to the transfer dtype               } with vectorized_map, both maps run
+    cache / snapshot                                   } as one after batch, and cache and
+    shuffle, repeat                                    } snapshot hold the raw elements
+    map       augmentation rounds (when on)            }
+    batch
     tf.data service (when on), prefetch, Options
 """
 
@@ -52,29 +53,35 @@ def parallel_arguments(config, parallelism) -> dict:
     return {"num_parallel_calls": tf_count(parallelism), "deterministic": config.deterministic}
 
 
-def make_preprocess(config, value_range: Optional[tuple], augment: bool):
-    """Cast to the transfer dtype, after `augment_repeats` rounds of random jitter.
-
-    Each round moves every value by -1, 0 or +1 quantisation step (uniform noise, rounded,
-    clipped to the source's range): real elementwise work on the host, a knob for making a
-    workload input-bound. Validation data is never augmented.
-    """
+def make_cast(config):
+    """Cast features to the transfer dtype: the deterministic part of preprocessing."""
     import tensorflow as tf
 
     transfer_dtype = tf.dtypes.as_dtype(config.transfer_dtype)
-    rounds = config.augment_repeats if augment else 0
+    return lambda features, labels: (tf.cast(features, transfer_dtype), labels)
 
-    def preprocess(features, labels):
-        if rounds:
-            values = tf.cast(features, tf.float32)
-            for _ in range(rounds):
-                values = tf.round(values + tf.random.uniform(tf.shape(values), -1.0, 1.0))
-            if value_range is not None:
-                values = tf.clip_by_value(values, *value_range)
-            features = tf.cast(values, features.dtype)
-        return tf.cast(features, transfer_dtype), labels
 
-    return preprocess
+def make_augment(config, value_range: Optional[tuple]):
+    """`augment_repeats` rounds of random jitter, or None when there are none.
+
+    Each round moves every value by -1, 0 or +1 quantisation step (uniform noise, rounded,
+    clipped to the source's range): real elementwise work on the host, a knob for making a
+    workload input-bound. It runs after the cache, so it is paid, and different, every epoch.
+    """
+    import tensorflow as tf
+
+    if not config.augment_repeats:
+        return None
+
+    def augment(features, labels):
+        values = tf.cast(features, tf.float32)
+        for _ in range(config.augment_repeats):
+            values = tf.round(values + tf.random.uniform(tf.shape(values), -1.0, 1.0))
+        if value_range is not None:
+            values = tf.clip_by_value(values, *value_range)
+        return tf.cast(values, features.dtype), labels
+
+    return augment
 
 
 def build_dataset(
@@ -90,7 +97,8 @@ def build_dataset(
     """Batches of (features in the transfer dtype, int32 labels) from a dataset of elements.
 
     Training data is shuffled and repeated forever (the loop decides how many steps to take),
-    with `drop_remainder` so that every step sees the same number of examples.
+    with `drop_remainder` so that every step sees the same number of examples. Validation data
+    is cast and batched only.
 
     Args:
         config: the pipeline config.
@@ -101,26 +109,35 @@ def build_dataset(
         value_range: (min, max) of the stored features, kept by augmentation.
         service: applied to the batched dataset to send it through the tf.data service.
     """
-
-    preprocess = make_preprocess(config, value_range, augment=training)
+    cast = make_cast(config)
+    augment = make_augment(config, value_range) if training else None
     parallel = parallel_arguments(config, config.map_parallelism)
+    options = dataset_options(config)
     dataset = elements
     if not config.vectorized_map:
-        dataset = dataset.map(preprocess, **parallel)
+        dataset = dataset.map(cast, **parallel)
     if training:
         dataset = cache_and_snapshot(config, dataset)
         if config.shuffle_buffer > 0:
             shuffle_seed = seed if config.shuffle_seed is None else config.shuffle_seed
             dataset = dataset.shuffle(config.shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=True)
         dataset = dataset.repeat()
+        if augment and not config.vectorized_map:
+            dataset = dataset.map(augment, **parallel)
     dataset = dataset.batch(batch_size, drop_remainder=training)
     if config.vectorized_map:
+
+        def preprocess(features, labels):
+            features, labels = cast(features, labels)
+            return augment(features, labels) if augment else (features, labels)
+
         dataset = dataset.map(preprocess, **parallel)
-    if training and service is not None:
-        dataset = service(dataset)
+    if service is not None:
+        # The service's workers run the graph as registered: give it the options first.
+        dataset = service(dataset.with_options(options))
     if config.prefetch != 0:
         dataset = dataset.prefetch(tf_count(config.prefetch))
-    return dataset.with_options(dataset_options(config))
+    return dataset.with_options(options)
 
 
 def cache_and_snapshot(config, dataset):

@@ -155,7 +155,7 @@ def _measure_after(config, sizes, timer, summary, session) -> None:
                 summary.figures.throughput_bytes_per_s / measurements["host_memcpy_bytes_per_s"]
             )
     _device_memory(summary, measurements)
-    _efficiency_and_recommendation(config, summary)
+    _efficiency_and_recommendation(config, sizes, summary)
 
 
 def _record(tracker, summary: Summary, output_dir: Path, resolved: dict) -> None:
@@ -205,7 +205,7 @@ def _device_memory(summary: Summary, measurements: Dict[str, float]) -> None:
         measurements["peak_device_memory_bytes"] = max(peaks.values())
 
 
-def _efficiency_and_recommendation(config, summary: Summary) -> None:
+def _efficiency_and_recommendation(config, sizes, summary: Summary) -> None:
     from bwopt.measure import efficiency, recommend
 
     if not summary.figures or config.mode != "train":
@@ -224,6 +224,8 @@ def _efficiency_and_recommendation(config, summary: Summary) -> None:
         cache=pipeline.cache,
         transfer_dtype=pipeline.transfer_dtype,
         num_parallel_reads=pipeline.tfrecord.num_parallel_reads if pipeline.tfrecord.enabled else None,
+        integer_features=sizes.integer_features,
+        on_cpu=config.device.name == "cpu",
         compute_ceiling_examples_per_s=compute,
         input_ceiling_examples_per_s=input_,
     )

@@ -3,6 +3,7 @@
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from conftest import compose_config
 
@@ -170,8 +171,8 @@ def test_interleave_settings_are_in_the_graph():
 
 
 def test_parallel_interleave_overlaps_file_latency():
-    """6 files that each take 60 ms to open: serial reading pays 6 x 60 ms, 3 in parallel about a third."""
-    source = artificial(8, file_open_latency_s=0.06)
+    """6 files that each take 150 ms to open: serial reading pays 6 x 150 ms, 3 in parallel about a third."""
+    source = artificial(8, file_open_latency_s=0.15)
 
     def read_all(*overrides):
         config = pipeline_config(*overrides)
@@ -184,7 +185,7 @@ def test_parallel_interleave_overlaps_file_latency():
     serial_s, serial_labels = read_all("interleave.cycle_length=1", "interleave.num_parallel_calls=1")
     parallel_s, parallel_labels = read_all("interleave.cycle_length=3", "interleave.num_parallel_calls=3")
     assert serial_labels == parallel_labels and len(serial_labels) == 6 * 4
-    assert serial_s >= 6 * 0.06
+    assert serial_s >= 6 * 0.15
     assert parallel_s < 0.6 * serial_s
 
 
@@ -206,3 +207,12 @@ def test_tfrecord_read_settings_are_in_the_graph(tmp_path):
     (read,) = reader
     compression, buffer_size = (constants[name.split(":")[0]] for name in read.input[1:3])
     assert compression.string_val == [b"GZIP"] and buffer_size.int64_val == [4096]
+
+
+@pytest.mark.parametrize("vectorized", [False, True])
+def test_augmentation_runs_after_the_cache_so_each_epoch_differs(vectorized):
+    dataset = dataset_of("shuffle_buffer=0", "augment_repeats=2", "cache=memory", f"vectorized_map={vectorized}", batch=200)
+    first, second = [batch[0].numpy() for _, batch in zip(range(2), dataset)]
+    assert not np.array_equal(first, second)  # same 200 examples, fresh jitter in epoch 2
+    ops_order = ops(dataset)
+    assert ops_order.index("CacheDatasetV2") < max(i for i, op in enumerate(ops_order) if "Map" in op)

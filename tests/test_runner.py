@@ -112,5 +112,7 @@ def test_other_cpu_count_in_an_initialised_process_is_refused(run_experiment):
     from bwopt.devices import DeviceError
 
     run_experiment("tracking=none", *TINY)  # make sure TensorFlow is initialised
-    with pytest.raises(DeviceError, match="num_cpu_devices=3.*already initialised with 2"):
+    with pytest.raises(DeviceError, match=r"already initialised.*device.num_cpu_devices=3 \(it has 2\)"):
         run_experiment("tracking=none", "device.num_cpu_devices=3", "train.global_batch_size=63", *TINY)
+    with pytest.raises(DeviceError, match=r"device.intra_op_threads=1 \(it has 0\)"):
+        run_experiment("tracking=none", "device.intra_op_threads=1", *TINY)

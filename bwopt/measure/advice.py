@@ -47,12 +47,13 @@ def efficiency(
 
 
 def pipeline_knobs_off(
-    prefetch, map_parallelism, cache: str, transfer_dtype: str, num_parallel_reads=None
+    prefetch, map_parallelism, cache: str, transfer_dtype: str, num_parallel_reads=None, integer_features: bool = True
 ) -> List[str]:
     """The input-pipeline settings that leave speed on the table, in words.
 
     `prefetch` and `map_parallelism` are counts or 'autotune'; `num_parallel_reads` is None
-    when the source is not read from files.
+    when the source is not read from files; `integer_features` says whether the stored
+    features are integers, which uint8 carries without loss.
     """
     off = []
     if prefetch == 0:
@@ -64,7 +65,11 @@ def pipeline_knobs_off(
     if cache == "off":
         off.append("nothing is cached")
     if transfer_dtype == "float32":
-        off.append("features cross as float32 (uint8 moves a quarter of the bytes)")
+        off.append(
+            "features cross as float32 (uint8 moves a quarter of the bytes)"
+            if integer_features
+            else "features cross as float32 (bfloat16 or float16 move half the bytes)"
+        )
     return off
 
 
@@ -76,6 +81,8 @@ def recommend(
     cache: str,
     transfer_dtype: str,
     num_parallel_reads=None,
+    integer_features: bool = True,
+    on_cpu: bool = False,
     compute_ceiling_examples_per_s: Optional[float] = None,
     input_ceiling_examples_per_s: Optional[float] = None,
 ) -> str:
@@ -92,11 +99,12 @@ def recommend(
         f"{_ceiling_numbers(compute_ceiling_examples_per_s, input_ceiling_examples_per_s)}"
     )
     if verdict == "compute-bound":
+        precision = "mixed_bfloat16" if on_cpu else "mixed_float16 / mixed_bfloat16"
         return (
             f"{diagnosis}. Try strategy=mirrored, a larger train.global_batch_size, or "
-            f"device.precision=mixed_float16 / mixed_bfloat16"
+            f"device.precision={precision}"
         )
-    off = pipeline_knobs_off(prefetch, map_parallelism, cache, transfer_dtype, num_parallel_reads)
+    off = pipeline_knobs_off(prefetch, map_parallelism, cache, transfer_dtype, num_parallel_reads, integer_features)
     if off:
         return f"{diagnosis}. {', '.join(off)}; try pipeline=tuned"
     return f"{diagnosis}. The pipeline knobs are on: make the host work per example cheaper, or send fewer bytes"
