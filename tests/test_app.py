@@ -44,7 +44,8 @@ def test_multirun_gives_one_mlflow_run_per_job(tmp_path):
     assert all(run.info.status == "FINISHED" for run in runs)
 
 
-def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path, stop_signal):
     process = subprocess.Popen(
         [sys.executable, "-m", "bwopt", "train.epochs=500", "train.warmup_steps=3"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -54,7 +55,7 @@ def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path):
     for line in process.stdout:
         if line.startswith("epoch 3/") or time.monotonic() > deadline:
             break
-    process.send_signal(signal.SIGINT)
+    process.send_signal(stop_signal)
     process.communicate(timeout=120)
     assert process.returncode != 0
     client, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")

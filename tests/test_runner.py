@@ -31,7 +31,7 @@ def test_default_run_learns_digits_and_logs_everything(run_experiment, mlflow_cl
         assert run.data.metrics[key] == pytest.approx(getattr(figures, key))
     assert 0 < figures.step_time_p50_s <= figures.step_time_p90_s <= figures.step_time_p99_s
     assert 0 <= figures.input_wait_fraction < 1
-    # 1,437 training examples in batches of 64: 22 steps an epoch; the first 5 steps of each of
+    # 1,438 training examples in batches of 64: 22 steps an epoch; the first 5 steps of each of
     # the 10 epochs are warm-up (the pipeline refills during validation).
     assert figures.num_timed_steps == 220 - 10 * 5
     assert run.data.tags["strategy"] == "default" and run.data.tags["num_replicas"] == "1"

@@ -154,10 +154,10 @@ def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
     def open_file(path):
         import tensorflow as tf
 
-        from bwopt.data.tfrecord import example_parser
+        from bwopt.data.tfrecord import example_parser, tf_compression
 
         parse = example_parser(config.feature_key, config.label_key, config.feature_dtype, shape)
-        return tf.data.TFRecordDataset(path, compression_type=config.compression).map(parse)
+        return tf.data.TFRecordDataset(path, compression_type=tf_compression(config.compression)).map(parse)
 
     def count(files):
         return sum(count_records(path, config.compression) for path in files)

@@ -117,7 +117,7 @@ def content_key(features: np.ndarray, labels: np.ndarray, num_shards: int, compr
 def _write_shards(features: np.ndarray, labels: np.ndarray, folder: Path, num_shards: int, compression: str) -> None:
     import tensorflow as tf
 
-    options = tf.io.TFRecordOptions(compression_type=_tf_compression(compression))
+    options = tf.io.TFRecordOptions(compression_type=tf_compression(compression))
     blocks = np.array_split(np.arange(len(features)), num_shards)
     names = [f"shard-{index:05d}-of-{num_shards:05d}.tfrecord" for index in range(num_shards)]
     for name, block in zip(names, blocks):
@@ -174,7 +174,7 @@ def load(folder: Path) -> TFRecordFiles:
     )
 
 
-def _tf_compression(compression: str) -> str:
+def tf_compression(compression: str) -> str:
     # TFRecordDataset and TFRecordOptions spell "no compression" as the empty string.
     return "" if compression == "NONE" else compression
 
@@ -232,7 +232,7 @@ def read_dataset(
     parse = example_parser(FEATURE_KEY, LABEL_KEY, files.feature_dtype, files.feature_shape)
     records = tf.data.TFRecordDataset(
         files.paths,
-        compression_type=_tf_compression(files.compression),
+        compression_type=tf_compression(files.compression),
         buffer_size=buffer_size_bytes,
         num_parallel_reads=_tf_count(num_parallel_reads),
     )
