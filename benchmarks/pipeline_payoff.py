@@ -41,17 +41,30 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROUNDS = 8
 COMMON = ["tracking=none", "measure.memcpy_bandwidth=false", "measure.progress=false"]
 SYNTHETIC = [
-    "data=synthetic", "data.num_examples=2048", "data.image_shape=[32,32,3]", "pipeline.augment_repeats=4",
-    "train.global_batch_size=128", "train.epochs=2", "train.warmup_steps=3",
+    "data=synthetic",
+    "data.num_examples=2048",
+    "data.image_shape=[32,32,3]",
+    "pipeline.augment_repeats=4",
+    "train.global_batch_size=128",
+    "train.epochs=2",
+    "train.warmup_steps=3",
 ]
 ARTIFICIAL_BATCH = 16
 ELEMENT_S = 0.001
 COMPUTE_S = 0.020
 ARTIFICIAL = [
-    "data=artificial", "split=uniform", "pipeline=naive", "pipeline.shuffle_buffer=0",
-    "data.num_files=4", "data.examples_per_file=128", f"data.element_latency_s={ELEMENT_S}",
-    f"data.step_compute_s={COMPUTE_S}", f"train.global_batch_size={ARTIFICIAL_BATCH}", "train.epochs=1",
-    "train.warmup_steps=2", "model.hidden_units=[8]",
+    "data=artificial",
+    "split=uniform",
+    "pipeline=naive",
+    "pipeline.shuffle_buffer=0",
+    "data.num_files=4",
+    "data.examples_per_file=128",
+    f"data.element_latency_s={ELEMENT_S}",
+    f"data.step_compute_s={COMPUTE_S}",
+    f"train.global_batch_size={ARTIFICIAL_BATCH}",
+    "train.epochs=1",
+    "train.warmup_steps=2",
+    "model.hidden_units=[8]",
 ]
 VARIANTS = {
     "synthetic, pipeline=naive": [*SYNTHETIC, "pipeline=naive"],

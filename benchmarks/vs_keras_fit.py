@@ -112,9 +112,17 @@ def build_sides(config):
 
     def bwopt_block(num_steps: int) -> None:
         train(
-            steps, iter(bwopt_data), (), epochs=1, steps_per_epoch=num_steps, examples_per_step=GLOBAL_BATCH,
-            num_validation_examples=1, timer=StepTimer(), on_epoch_end=lambda *_: None,
-            progress=NoProgress(), profiler=NoProfiler(),
+            steps,
+            iter(bwopt_data),
+            (),
+            epochs=1,
+            steps_per_epoch=num_steps,
+            examples_per_step=GLOBAL_BATCH,
+            num_validation_examples=1,
+            timer=StepTimer(),
+            on_epoch_end=lambda *_: None,
+            progress=NoProgress(),
+            profiler=NoProfiler(),
         )
 
     keras.utils.set_random_seed(SEED)

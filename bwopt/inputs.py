@@ -66,8 +66,7 @@ def plan(config, source) -> InputPlan:
     steps_per_epoch = config.train.steps_per_epoch or num_train // batch
     if steps_per_epoch == 0:
         raise ConfigError(
-            f"train.global_batch_size={batch} is larger than the {num_train} training examples; "
-            "use a smaller batch"
+            f"train.global_batch_size={batch} is larger than the {num_train} training examples; use a smaller batch"
         )
     if config.mode != "inference" and config.train.epochs * steps_per_epoch <= config.train.warmup_steps:
         raise ConfigError(
@@ -84,8 +83,13 @@ def plan(config, source) -> InputPlan:
             )
     bytes_per_example = int(np.prod(source.feature_shape)) * transfer_itemsize(config.pipeline.transfer_dtype)
     return InputPlan(
-        train_indices, validation_indices, num_train, num_validation, steps_per_epoch,
-        bytes_per_example + LABEL_BYTES, source.feature_dtype,
+        train_indices,
+        validation_indices,
+        num_train,
+        num_validation,
+        steps_per_epoch,
+        bytes_per_example + LABEL_BYTES,
+        source.feature_dtype,
     )
 
 
@@ -111,7 +115,9 @@ class Inputs:
         from bwopt.pipeline import file_elements
 
         files = self.source.train_files if training else self.source.validation_files
-        batches = list(file_elements(self.config.pipeline, files, self.source.open_file).batch(1024).as_numpy_iterator())
+        batches = list(
+            file_elements(self.config.pipeline, files, self.source.open_file).batch(1024).as_numpy_iterator()
+        )
         return np.concatenate([features for features, _ in batches]), np.concatenate([labels for _, labels in batches])
 
     def tfrecord_files(self, training: bool):
@@ -123,7 +129,9 @@ class Inputs:
             settings = self.config.pipeline.tfrecord
             self.tfrecords[split] = materialise(
                 *self.host_arrays(training),
-                directory=settings.directory, num_shards=settings.num_shards, compression=settings.compression,
+                directory=settings.directory,
+                num_shards=settings.num_shards,
+                compression=settings.compression,
             )
         return self.tfrecords[split]
 
@@ -138,8 +146,10 @@ class Inputs:
             files = self.tfrecord_files(training)
             paths = files.paths[pipeline_id::num_pipelines] if len(files.paths) >= num_pipelines else files.paths
             dataset = read_dataset(
-                replace(files, paths=paths), pipeline.tfrecord.num_parallel_reads,
-                pipeline.tfrecord.buffer_size_bytes, pipeline.map_parallelism,
+                replace(files, paths=paths),
+                pipeline.tfrecord.num_parallel_reads,
+                pipeline.tfrecord.buffer_size_bytes,
+                pipeline.map_parallelism,
             )
             return dataset if len(files.paths) >= num_pipelines else dataset.shard(num_pipelines, pipeline_id)
         if isinstance(self.source, ArraySource):

@@ -59,8 +59,13 @@ def run_training(session: Session) -> None:
     model, optimizer = build_model(session)
     session.model = model
     steps = make_step_functions(
-        session.strategy, model, optimizer, config.train.global_batch_size, session.source.feature_scale,
-        config.device.jit_compile, step_compute_s=session.source.step_compute_s,
+        session.strategy,
+        model,
+        optimizer,
+        config.train.global_batch_size,
+        session.source.feature_scale,
+        config.device.jit_compile,
+        step_compute_s=session.source.step_compute_s,
     )
     tracker = session.tracker
 
@@ -113,7 +118,9 @@ def _measure_ceilings(session: Session, steps, train_iterator) -> None:
     measurements["input_ceiling_examples_per_s"] = examples_per_s
     measurements["input_ceiling_bytes_per_s"] = bytes_per_s
     on_devices = place_on_replica_devices(session.strategy, next(train_iterator), session.summary.devices)
-    measurements["compute_ceiling_examples_per_s"] = compute_ceiling(steps.train_step, on_devices, num_steps, warmup, batch)
+    measurements["compute_ceiling_examples_per_s"] = compute_ceiling(
+        steps.train_step, on_devices, num_steps, warmup, batch
+    )
 
 
 def _measure_inference(session: Session, model) -> None:
@@ -122,8 +129,13 @@ def _measure_inference(session: Session, model) -> None:
     config, source = session.config, session.source
     with session.strategy.scope():
         results = measure_inference(
-            model, source.feature_shape, config.pipeline.transfer_dtype, config.measure.inference_batch_sizes,
-            config.measure.inference_batches, warmup_batches=2, feature_scale=source.feature_scale,
+            model,
+            source.feature_shape,
+            config.pipeline.transfer_dtype,
+            config.measure.inference_batch_sizes,
+            config.measure.inference_batches,
+            config.measure.inference_warmup_batches,
+            feature_scale=source.feature_scale,
         )
     for figures in results:
         session.summary.measurements.update(figures.metrics())

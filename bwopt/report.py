@@ -114,8 +114,12 @@ def _throughput(f) -> str:
 def _step_time(f) -> str:
     parts = [
         f"{name} {f[key] * 1e3:.3f} ms"
-        for name, key in (("p50", "step_time_p50_s"), ("p90", "step_time_p90_s"), ("p99", "step_time_p99_s"),
-                          ("jitter", "step_time_jitter_s"))
+        for name, key in (
+            ("p50", "step_time_p50_s"),
+            ("p90", "step_time_p90_s"),
+            ("p99", "step_time_p99_s"),
+            ("jitter", "step_time_jitter_s"),
+        )
         if key in f
     ]
     if parts and "num_timed_steps" in f:
@@ -170,7 +174,7 @@ def _peak_memory(f) -> str:
 def inference_rows(f) -> List[Tuple[str, str]]:
     """One row per batch size found in `inference_bs<N>_...` keys, smallest batch first."""
     batch_sizes = sorted(
-        int(key[len("inference_bs"):-len("_examples_per_s")])
+        int(key[len("inference_bs") : -len("_examples_per_s")])
         for key in f
         if key.startswith("inference_bs") and key.endswith("_examples_per_s")
     )
@@ -178,8 +182,11 @@ def inference_rows(f) -> List[Tuple[str, str]]:
     for batch_size in batch_sizes:
         prefix = f"inference_bs{batch_size}_"
         text = f"{f[prefix + 'examples_per_s']:,.1f} examples/s"
-        latencies = [f"{name} {f[prefix + 'latency_' + name + '_s'] * 1e3:.3f} ms"
-                     for name in ("p50", "p90", "p99") if prefix + "latency_" + name + "_s" in f]
+        latencies = [
+            f"{name} {f[prefix + 'latency_' + name + '_s'] * 1e3:.3f} ms"
+            for name in ("p50", "p90", "p99")
+            if prefix + "latency_" + name + "_s" in f
+        ]
         rows.append((f"inference bs {batch_size}", "  ".join([text, *latencies])))
     return rows
 

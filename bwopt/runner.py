@@ -54,7 +54,9 @@ def run(config: Config, output_dir: Path, resolved: dict) -> Summary:
     source = load_source(config.data, config.seed, config.split.validation_fraction)
     sizes = plan(config, source)
     tracker = build_tracker(config.tracking)
-    summary = Summary(run_id=tracker.start(flatten(resolved), tags={"mode": config.mode}), status="FAILED", mode=config.mode)
+    summary = Summary(
+        run_id=tracker.start(flatten(resolved), tags={"mode": config.mode}), status="FAILED", mode=config.mode
+    )
     reset_peak_host_rss()  # this run's peak, not that of earlier jobs of a multirun
     timer = StepTimer()
     session = None
@@ -139,7 +141,9 @@ def _measure_after(config, sizes, timer, summary, session) -> None:
         training = config.mode == "train"
         epoch_warmup = warmup if config.train.epoch_warmup_steps is None else config.train.epoch_warmup_steps
         excluded = excluded_steps(
-            config.train.epochs if training else 1, sizes.steps_per_epoch, epoch_warmup,
+            config.train.epochs if training else 1,
+            sizes.steps_per_epoch,
+            epoch_warmup,
             _profiled_steps(config) if training else (),
         )
         batch = config.train.global_batch_size

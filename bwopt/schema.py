@@ -24,9 +24,7 @@ class ConfigError(ValueError):
 
 def check_choice(key: str, value: Any, allowed) -> None:
     if value not in allowed:
-        raise ConfigError(
-            f"{key}={value!r} is not allowed; expected one of: {', '.join(map(str, allowed))}"
-        )
+        raise ConfigError(f"{key}={value!r} is not allowed; expected one of: {', '.join(map(str, allowed))}")
 
 
 def check_at_least(key: str, value, minimum) -> None:
@@ -43,9 +41,7 @@ def check_int_or_autotune(key: str, value: Any, minimum: int) -> None:
     if value == AUTOTUNE:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(
-            f"{key}={value!r} has the wrong type; expected an integer >= {minimum} or '{AUTOTUNE}'"
-        )
+        raise ConfigError(f"{key}={value!r} has the wrong type; expected an integer >= {minimum} or '{AUTOTUNE}'")
     check_at_least(key, value, minimum)
 
 
@@ -153,7 +149,14 @@ class SplitConfig:
 COMPRESSIONS = ("NONE", "GZIP", "ZLIB")
 AUTO_SHARD_POLICIES = ("AUTO", "OFF", "FILE", "DATA", "HINT")
 SERVICE_PROCESSING_MODES = (
-    "parallel_epochs", "distributed_epoch", "off", "dynamic", "file", "data", "file_or_data", "hint"
+    "parallel_epochs",
+    "distributed_epoch",
+    "off",
+    "dynamic",
+    "file",
+    "data",
+    "file_or_data",
+    "hint",
 )
 
 
@@ -501,6 +504,8 @@ class MeasureConfig:
     # Inference throughput and latency for these batch sizes after training ([] = off).
     inference_batch_sizes: List[int] = field(default_factory=list)
     inference_batches: int = 20
+    # Forward passes per batch size left out of the figures (tracing for the new shape).
+    inference_warmup_batches: int = 2
     # Capture a TensorFlow profile of steps [profile_start_step, + profile_num_steps); 0 = off.
     profile_start_step: int = 10
     profile_num_steps: int = 0
@@ -510,6 +515,7 @@ class MeasureConfig:
     def __post_init__(self) -> None:
         check_at_least("measure.ceiling_steps", self.ceiling_steps, 2)
         check_at_least("measure.inference_batches", self.inference_batches, 2)
+        check_at_least("measure.inference_warmup_batches", self.inference_warmup_batches, 0)
         if self.inference_batch_sizes and min(self.inference_batch_sizes) < 1:
             raise ConfigError(f"measure.inference_batch_sizes={self.inference_batch_sizes!r}; expected sizes >= 1")
         check_at_least("measure.profile_start_step", self.profile_start_step, 0)
@@ -569,7 +575,9 @@ def check_valid_combination(config: Config) -> None:
             "from files; use split=uniform (files are held out whole)"
         )
     if config.data.name == "artificial" and config.device.jit_compile and config.data.step_compute_s:
-        raise ConfigError("data.step_compute_s sleeps in Python, which XLA cannot compile; set device.jit_compile=false")
+        raise ConfigError(
+            "data.step_compute_s sleeps in Python, which XLA cannot compile; set device.jit_compile=false"
+        )
     if config.num_replicas:
         check_batch_divisible(config, config.num_replicas)
     if config.mode != "train" and config.measure.ceilings:

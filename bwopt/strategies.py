@@ -92,4 +92,6 @@ def place_on_replica_devices(strategy, batch, device_names):
             placed.append(tf.nest.pack_sequence_as(batch, [tf.identity(part[replica]) for part in parts]))
     if strategy.num_replicas_in_sync == 1:
         return placed[0]
-    return strategy.experimental_distribute_values_from_function(lambda context: placed[context.replica_id_in_sync_group])
+    return strategy.experimental_distribute_values_from_function(
+        lambda context: placed[context.replica_id_in_sync_group]
+    )

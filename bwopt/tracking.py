@@ -51,9 +51,7 @@ class MlflowTracker:
             )
         else:
             experiment_id = experiment.experiment_id
-        run = self.client.create_run(
-            experiment_id, run_name=self.config.run_name, tags={**self.config.tags, **tags}
-        )
+        run = self.client.create_run(experiment_id, run_name=self.config.run_name, tags={**self.config.tags, **tags})
         self.run_id = run.info.run_id
         items = [Param(key, value) for key, value in params.items()]
         try:

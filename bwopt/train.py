@@ -44,7 +44,12 @@ class StepFunctions:
 
 
 def make_step_functions(
-    strategy, model, optimizer, global_batch_size: int, feature_scale: float, jit_compile: bool,
+    strategy,
+    model,
+    optimizer,
+    global_batch_size: int,
+    feature_scale: float,
+    jit_compile: bool,
     step_compute_s: float = 0.0,
 ):
     """Distributed train and evaluation steps, each returning (summed loss, correct count) over replicas.
@@ -54,9 +59,7 @@ def make_step_functions(
     import keras
     import tensorflow as tf
 
-    per_example_loss = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction="none"
-    )
+    per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     compute_dtype = keras.mixed_precision.global_policy().compute_dtype
 
     def to_model_inputs(features):

@@ -48,7 +48,10 @@ def test_multirun_gives_one_mlflow_run_per_job(tmp_path):
 def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path, stop_signal):
     process = subprocess.Popen(
         [sys.executable, "-m", "bwopt", "train.epochs=500", "train.warmup_steps=3"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     deadline = time.monotonic() + 120
@@ -66,8 +69,20 @@ def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path, stop_s
 
 def test_config_folder_is_found_from_an_installed_wheel(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "dist", REPO],
-        check=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            tmp_path / "dist",
+            REPO,
+        ],
+        check=True,
+        cwd=tmp_path,
     )
     (wheel,) = (tmp_path / "dist").glob("bwopt-*.whl")
     site = tmp_path / "site"
@@ -75,13 +90,26 @@ def test_config_folder_is_found_from_an_installed_wheel(tmp_path):
     assert (site / "bwopt" / "conf" / "pipeline" / "tuned.yaml").is_file()
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
     where = subprocess.run(
-        [sys.executable, "-c", "import bwopt.runner, bwopt.data.tfrecord, bwopt.measure.ceilings; from bwopt.app import config_dir; print(config_dir())"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import bwopt.runner, bwopt.data.tfrecord, bwopt.measure.ceilings\n"
+            "from bwopt.app import config_dir\n"
+            "print(config_dir())",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert where.stdout.strip() == str(site / "bwopt" / "conf")
     composed = subprocess.run(
         [sys.executable, "-m", "bwopt", "strategy=mirrored", "--cfg", "job"],
-        cwd=tmp_path, env=env, capture_output=True, text=True,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert composed.returncode == 0, composed.stderr
     assert "name: mirrored" in composed.stdout
@@ -101,9 +129,20 @@ def test_training_through_a_local_data_service_in_a_loopback_only_namespace(tmp_
         "runpy.run_module('bwopt', run_name='__main__')\n"
     )
     result = subprocess.run(
-        [*namespace, sys.executable, "-c", launcher, *TINY, "pipeline.service.mode=local",
-         "pipeline.service.num_workers=2", "pipeline.service.processing_mode=parallel_epochs"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [
+            *namespace,
+            sys.executable,
+            "-c",
+            launcher,
+            *TINY,
+            "pipeline.service.mode=local",
+            "pipeline.service.num_workers=2",
+            "pipeline.service.processing_mode=parallel_epochs",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr[-3000:]

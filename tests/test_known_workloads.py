@@ -22,9 +22,18 @@ from bwopt.pipeline import build_dataset, file_elements
 BATCH = 16
 ELEMENT_S = 0.001
 WORKLOAD = [
-    "data=artificial", "split=uniform", "pipeline=naive", "pipeline.shuffle_buffer=0", "tracking=none",
-    "data.num_files=4", "data.examples_per_file=128", f"train.global_batch_size={BATCH}",
-    "train.epochs=1", "train.warmup_steps=2", "model.hidden_units=[8]", "measure.memcpy_bandwidth=false",
+    "data=artificial",
+    "split=uniform",
+    "pipeline=naive",
+    "pipeline.shuffle_buffer=0",
+    "tracking=none",
+    "data.num_files=4",
+    "data.examples_per_file=128",
+    f"train.global_batch_size={BATCH}",
+    "train.epochs=1",
+    "train.warmup_steps=2",
+    "model.hidden_units=[8]",
+    "measure.memcpy_bandwidth=false",
 ]
 
 
@@ -72,7 +81,9 @@ def test_prefetch_hides_input_behind_longer_compute(run_experiment, input_s_per_
 
 def test_verdict_flips_between_input_bound_and_compute_bound(run_experiment):
     input_bound = measure(run_experiment, "data.element_latency_s=0.001", "data.step_compute_s=0")
-    compute_bound = measure(run_experiment, "pipeline.prefetch=2", "data.element_latency_s=0", "data.step_compute_s=0.02")
+    compute_bound = measure(
+        run_experiment, "pipeline.prefetch=2", "data.element_latency_s=0", "data.step_compute_s=0.02"
+    )
     assert input_bound.input_wait_fraction > 0.8 and input_bound.input_bound_verdict == "highly input-bound"
     assert compute_bound.input_wait_fraction < 0.05 and compute_bound.input_bound_verdict == "not input-bound"
 
@@ -129,9 +140,19 @@ def test_reported_throughput_matches_the_loops_wall_clock():
         return build_dataset(config.pipeline, elements, 64, training=training, seed=0)
 
     timer, clock = StepTimer(), WallClock()
-    train(steps, iter(dataset(True)), dataset(False), epochs=1, steps_per_epoch=200, examples_per_step=64,
-          num_validation_examples=source.num_examples, timer=timer, on_epoch_end=lambda *_: None,
-          progress=clock, profiler=NoProfiler())
+    train(
+        steps,
+        iter(dataset(True)),
+        dataset(False),
+        epochs=1,
+        steps_per_epoch=200,
+        examples_per_step=64,
+        num_validation_examples=source.num_examples,
+        timer=timer,
+        on_epoch_end=lambda *_: None,
+        progress=clock,
+        profiler=NoProfiler(),
+    )
     figures = timing_figures(timer, warmup_steps=0, examples_per_step=64, bytes_per_step=64 * 260)
     wall_s = clock.ended - clock.started
     assert figures.timed_wall_s <= wall_s
@@ -144,9 +165,16 @@ def test_steps_fed_during_validation_are_left_out(run_experiment, input_s_per_ba
     buffer fill, so the first steps of epochs 2 and 3 cost nothing. Leaving them out gives the
     steady throughput; counting them inflates it (by half or more here)."""
     summary = run_experiment(
-        *WORKLOAD, "data.num_files=6", "data.examples_per_file=64", "split.validation_fraction=0.34",
-        "pipeline.prefetch=6", "train.epochs=3", "train.warmup_steps=5", f"train.epoch_warmup_steps={epoch_warmup_steps}",
-        f"data.element_latency_s={ELEMENT_S}", "data.step_compute_s=0",
+        *WORKLOAD,
+        "data.num_files=6",
+        "data.examples_per_file=64",
+        "split.validation_fraction=0.34",
+        "pipeline.prefetch=6",
+        "train.epochs=3",
+        "train.warmup_steps=5",
+        f"train.epoch_warmup_steps={epoch_warmup_steps}",
+        f"data.element_latency_s={ELEMENT_S}",
+        "data.step_compute_s=0",
     )
     steady = BATCH / input_s_per_batch
     measured = summary.figures.throughput_examples_per_s

@@ -14,8 +14,15 @@ TINY = ["train.epochs=2", "train.warmup_steps=3"]
 def test_ceilings_efficiency_memory_and_recommendation_are_logged(run_experiment, mlflow_client):
     summary = run_experiment(*TINY, "measure.ceilings=true", "measure.ceiling_steps=20")
     metrics = mlflow_client.get_run(summary.run_id).data.metrics
-    for key in ("compute_ceiling_examples_per_s", "input_ceiling_examples_per_s", "input_ceiling_bytes_per_s",
-                "efficiency", "host_memcpy_bytes_per_s", "bytes_per_s_to_memcpy_ratio", "peak_host_rss_bytes"):
+    for key in (
+        "compute_ceiling_examples_per_s",
+        "input_ceiling_examples_per_s",
+        "input_ceiling_bytes_per_s",
+        "efficiency",
+        "host_memcpy_bytes_per_s",
+        "bytes_per_s_to_memcpy_ratio",
+        "peak_host_rss_bytes",
+    ):
         assert metrics[key] > 0, key
     lower = min(metrics["compute_ceiling_examples_per_s"], metrics["input_ceiling_examples_per_s"])
     assert metrics["efficiency"] == pytest.approx(metrics["throughput_examples_per_s"] / lower)
@@ -63,11 +70,17 @@ def test_profile_of_a_step_range_is_an_artifact_and_left_out_of_the_figures(run_
 @pytest.mark.parametrize("compression", ["NONE", "GZIP"])
 def test_tfrecord_materialisation_trains_and_logs_file_figures(run_experiment, mlflow_client, tmp_path, compression):
     summary = run_experiment(
-        *TINY, "pipeline.tfrecord.enabled=true", f"pipeline.tfrecord.compression={compression}",
-        f"pipeline.tfrecord.directory='{tmp_path / 'shards'}'", "pipeline.tfrecord.num_shards=3",
+        *TINY,
+        "pipeline.tfrecord.enabled=true",
+        f"pipeline.tfrecord.compression={compression}",
+        f"pipeline.tfrecord.directory='{tmp_path / 'shards'}'",
+        "pipeline.tfrecord.num_shards=3",
     )
     metrics = mlflow_client.get_run(summary.run_id).data.metrics
-    folders = {json.loads(path.read_text())["num_examples"]: path.parent for path in (tmp_path / "shards").glob("*/manifest.json")}
+    folders = {
+        json.loads(path.read_text())["num_examples"]: path.parent
+        for path in (tmp_path / "shards").glob("*/manifest.json")
+    }
     num_validation, num_train = sorted(folders)
     assert num_validation + num_train == 1797  # the validation and training splits of digits
     train_files = sorted(folders[num_train].glob("*.tfrecord*"))
@@ -76,7 +89,9 @@ def test_tfrecord_materialisation_trains_and_logs_file_figures(run_experiment, m
     assert metrics["tfrecord_bytes_on_disk"] == on_disk
     assert metrics["tfrecord_compression_ratio"] == pytest.approx(num_train * (64 + 4) / on_disk, rel=0.01)
     # One pass over the shards: bytes/s and examples/s describe the same pass.
-    assert metrics["tfrecord_read_bytes_per_s"] / metrics["tfrecord_read_examples_per_s"] == pytest.approx(on_disk / num_train)
+    assert metrics["tfrecord_read_bytes_per_s"] / metrics["tfrecord_read_examples_per_s"] == pytest.approx(
+        on_disk / num_train
+    )
     assert (metrics["tfrecord_compression_ratio"] > 1.5) == (compression == "GZIP")
     assert summary.final_metrics["val_accuracy"] > 0.5
 
@@ -89,8 +104,14 @@ def test_user_tfrecord_files_are_a_data_source(run_experiment, tmp_path):
     files = materialise(digits.features, digits.labels, tmp_path, num_shards=5, compression="ZLIB")
     pattern = str(Path(files.paths[0]).parent / "*")
     summary = run_experiment(
-        *TINY, "data=tfrecord", "split=uniform", f"data.file_pattern={pattern}.tfrecord*",
-        "data.compression=ZLIB", "data.feature_shape=[8,8,1]", "data.num_classes=10", "data.feature_scale=0.0625",
+        *TINY,
+        "data=tfrecord",
+        "split=uniform",
+        f"data.file_pattern={pattern}.tfrecord*",
+        "data.compression=ZLIB",
+        "data.feature_shape=[8,8,1]",
+        "data.num_classes=10",
+        "data.feature_scale=0.0625",
     )
     # 5 shards of ~360: 4 train the model, the last one validates it.
     assert summary.num_replicas == 1 and summary.final_metrics["val_accuracy"] > 0.5
@@ -98,7 +119,9 @@ def test_user_tfrecord_files_are_a_data_source(run_experiment, tmp_path):
 
 def test_distribute_datasets_from_function_gives_per_replica_batches(run_experiment):
     summary = run_experiment(
-        *TINY, "strategy=mirrored", "pipeline.distribute.method=distribute_datasets_from_function",
+        *TINY,
+        "strategy=mirrored",
+        "pipeline.distribute.method=distribute_datasets_from_function",
         "pipeline.distribute.per_replica_buffer_size=2",
     )
     assert summary.num_replicas == 2 and summary.figures.throughput_examples_per_s > 0
@@ -114,7 +137,9 @@ def test_per_replica_batches_from_the_input_context(devices):
     from bwopt.inputs import Inputs, plan
     from bwopt.strategies import distribute_input
 
-    config = validate(compose_config(["strategy=mirrored", "pipeline.distribute.method=distribute_datasets_from_function"]))
+    config = validate(
+        compose_config(["strategy=mirrored", "pipeline.distribute.method=distribute_datasets_from_function"])
+    )
     source = load_digits(None, seed=0)
     inputs = Inputs(config, source, plan(config, source))
     strategy = tf.distribute.MirroredStrategy(devices.device_names)
@@ -175,10 +200,15 @@ def test_input_options_reach_the_distributed_dataset(devices, fetch_to_device):
     from bwopt.inputs import Inputs, plan
     from bwopt.strategies import distribute_input
 
-    config = validate(compose_config([
-        "strategy=mirrored", f"pipeline.distribute.fetch_to_device={fetch_to_device}",
-        "pipeline.distribute.per_replica_buffer_size=3",
-    ]))
+    config = validate(
+        compose_config(
+            [
+                "strategy=mirrored",
+                f"pipeline.distribute.fetch_to_device={fetch_to_device}",
+                "pipeline.distribute.per_replica_buffer_size=3",
+            ]
+        )
+    )
     source = load_digits(None, seed=0)
     inputs = Inputs(config, source, plan(config, source))
     strategy = tf.distribute.MirroredStrategy(devices.device_names)
@@ -192,9 +222,17 @@ def test_input_options_reach_the_distributed_dataset(devices, fetch_to_device):
 def test_a_file_source_is_materialised_too(run_experiment, tmp_path):
     """The artificial source, read once (its latencies paid once), then served from TFRecord shards."""
     summary = run_experiment(
-        "data=artificial", "split=uniform", "data.num_files=4", "data.examples_per_file=64",
-        "data.element_latency_s=0.002", "train.global_batch_size=16", "train.epochs=2", "train.warmup_steps=2",
-        "pipeline.tfrecord.enabled=true", f"pipeline.tfrecord.directory='{tmp_path}'", "pipeline.tfrecord.num_shards=2",
+        "data=artificial",
+        "split=uniform",
+        "data.num_files=4",
+        "data.examples_per_file=64",
+        "data.element_latency_s=0.002",
+        "train.global_batch_size=16",
+        "train.epochs=2",
+        "train.warmup_steps=2",
+        "pipeline.tfrecord.enabled=true",
+        f"pipeline.tfrecord.directory='{tmp_path}'",
+        "pipeline.tfrecord.num_shards=2",
     )
     manifests = sorted(tmp_path.glob("*/manifest.json"))
     assert len(manifests) == 2  # train and validation

@@ -116,9 +116,11 @@ def test_snapshot_writes_files(tmp_path):
 def test_augmentation_changes_values_but_not_labels_or_range():
     plain = next(iter(dataset_of("shuffle_buffer=0", "augment_repeats=0", batch=200)))
     config = pipeline_config("shuffle_buffer=0", "augment_repeats=3")
-    augmented = next(iter(build_dataset(
-        config, array_elements(FEATURES, LABELS), 200, training=True, seed=0, value_range=(0.0, 16.0)
-    )))
+    augmented = next(
+        iter(
+            build_dataset(config, array_elements(FEATURES, LABELS), 200, training=True, seed=0, value_range=(0.0, 16.0))
+        )
+    )
     assert np.array_equal(plain[1], augmented[1])
     difference = augmented[0].numpy() - plain[0].numpy()
     assert np.abs(difference).max() <= 3 and np.abs(difference).max() >= 1
@@ -129,10 +131,16 @@ def test_augmentation_changes_values_but_not_labels_or_range():
 
 def test_options_reach_the_dataset():
     options = dataset_of(
-        "options.autotune=false", "options.autotune_ram_budget_mb=64", "options.autotune_cpu_budget=1",
-        "options.private_threadpool_size=3", "options.max_intra_op_parallelism=1",
-        "options.map_and_batch_fusion=false", "options.map_parallelization=false",
-        "options.noop_elimination=false", "options.parallel_batch=false", "options.slack=true",
+        "options.autotune=false",
+        "options.autotune_ram_budget_mb=64",
+        "options.autotune_cpu_budget=1",
+        "options.private_threadpool_size=3",
+        "options.max_intra_op_parallelism=1",
+        "options.map_and_batch_fusion=false",
+        "options.map_parallelization=false",
+        "options.noop_elimination=false",
+        "options.parallel_batch=false",
+        "options.slack=true",
         "distribute.auto_shard_policy=DATA",
     ).options()
     assert options.autotune.enabled is False
@@ -140,8 +148,14 @@ def test_options_reach_the_dataset():
     assert options.threading.private_threadpool_size == 3
     assert options.threading.max_intra_op_parallelism == 1
     optimization = options.experimental_optimization
-    assert not any([optimization.map_and_batch_fusion, optimization.map_parallelization,
-                    optimization.noop_elimination, optimization.parallel_batch])
+    assert not any(
+        [
+            optimization.map_and_batch_fusion,
+            optimization.map_parallelization,
+            optimization.noop_elimination,
+            optimization.parallel_batch,
+        ]
+    )
     assert options.experimental_slack is True
     assert options.experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.DATA
 
@@ -155,16 +169,23 @@ def test_validation_pipeline_keeps_every_example_once():
 
 def artificial(num_files, element_latency_s=0.0, file_open_latency_s=0.0):
     config = ArtificialData(
-        num_files=num_files, examples_per_file=4, element_latency_s=element_latency_s,
-        file_open_latency_s=file_open_latency_s, feature_shape=[2],
+        num_files=num_files,
+        examples_per_file=4,
+        element_latency_s=element_latency_s,
+        file_open_latency_s=file_open_latency_s,
+        feature_shape=[2],
     )
     return load_artificial(config, seed=0, validation_fraction=0.25)
 
 
 def test_interleave_settings_are_in_the_graph():
     source = artificial(8)
-    config = pipeline_config("interleave.cycle_length=3", "interleave.block_length=2", "interleave.num_parallel_calls=3")
-    cycle, block, *_, parallel = stage(file_elements(config, source.train_files, source.open_file), "ParallelInterleaveDatasetV4")
+    config = pipeline_config(
+        "interleave.cycle_length=3", "interleave.block_length=2", "interleave.num_parallel_calls=3"
+    )
+    cycle, block, *_, parallel = stage(
+        file_elements(config, source.train_files, source.open_file), "ParallelInterleaveDatasetV4"
+    )
     assert (cycle, block, parallel) == (3, 2, 3)
     serial = pipeline_config("interleave.cycle_length=1", "interleave.num_parallel_calls=1")
     assert "InterleaveDataset" in ops(file_elements(serial, source.train_files, source.open_file))
@@ -211,7 +232,9 @@ def test_tfrecord_read_settings_are_in_the_graph(tmp_path):
 
 @pytest.mark.parametrize("vectorized", [False, True])
 def test_augmentation_runs_after_the_cache_so_each_epoch_differs(vectorized):
-    dataset = dataset_of("shuffle_buffer=0", "augment_repeats=2", "cache=memory", f"vectorized_map={vectorized}", batch=200)
+    dataset = dataset_of(
+        "shuffle_buffer=0", "augment_repeats=2", "cache=memory", f"vectorized_map={vectorized}", batch=200
+    )
     first, second = [batch[0].numpy() for _, batch in zip(range(2), dataset)]
     assert not np.array_equal(first, second)  # same 200 examples, fresh jitter in epoch 2
     ops_order = ops(dataset)

@@ -124,8 +124,14 @@ def test_figures_table_formats_every_figure():
 
 
 def test_figures_table_skips_absent_values():
-    rows = figure_rows({"throughput_examples_per_s": 1000.0, "efficiency": None, "host_memcpy_bytes_per_s": 2e9,
-                        "peak_device_memory_bytes": None})
+    rows = figure_rows(
+        {
+            "throughput_examples_per_s": 1000.0,
+            "efficiency": None,
+            "host_memcpy_bytes_per_s": 2e9,
+            "peak_device_memory_bytes": None,
+        }
+    )
     assert rows == [("throughput", "1,000.0 examples/s"), ("host memcpy", "2.00 GB/s")]
 
 

@@ -27,7 +27,13 @@ def test_default_run_learns_digits_and_logs_everything(run_experiment, mlflow_cl
         assert [point.step for point in history] == list(range(10))
     assert run.data.metrics["val_accuracy"] == pytest.approx(summary.final_metrics["val_accuracy"])
     figures = summary.figures
-    for key in ("throughput_examples_per_s", "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "input_wait_fraction"):
+    for key in (
+        "throughput_examples_per_s",
+        "step_time_p50_s",
+        "step_time_p90_s",
+        "step_time_p99_s",
+        "input_wait_fraction",
+    ):
         assert run.data.metrics[key] == pytest.approx(getattr(figures, key))
     assert 0 < figures.step_time_p50_s <= figures.step_time_p90_s <= figures.step_time_p99_s
     assert 0 <= figures.input_wait_fraction < 1
@@ -79,9 +85,7 @@ def test_failed_run_is_marked_failed_and_keeps_what_was_measured(run_experiment,
     monkeypatch.setattr(train_module, "evaluate", evaluate_then_fail)
     with pytest.raises(OSError, match="validation shard unreadable"):
         run_experiment("train.epochs=3", experiment="failing")
-    (run,) = mlflow_client.search_runs(
-        [mlflow_client.get_experiment_by_name("failing").experiment_id]
-    )
+    (run,) = mlflow_client.search_runs([mlflow_client.get_experiment_by_name("failing").experiment_id])
     assert run.info.status == "FAILED"
     assert len(mlflow_client.get_metric_history(run.info.run_id, "val_accuracy")) == 1
     # Two epochs of steps ran before the failure; their timing is kept.

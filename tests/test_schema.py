@@ -16,9 +16,7 @@ def options(group):
     return sorted(path.stem for path in (Path(config_dir()) / group).glob("*.yaml"))
 
 
-@pytest.mark.parametrize(
-    "group,option", [(group, option) for group in GROUPS for option in options(group)]
-)
+@pytest.mark.parametrize("group,option", [(group, option) for group in GROUPS for option in options(group)])
 def test_every_option_of_every_group_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if group == "device" and option == "tpu":
@@ -126,7 +124,9 @@ def test_validation_and_help_do_not_import_tensorflow(tmp_path):
     )
     import subprocess
 
-    subprocess.run([sys.executable, "-c", probe], check=True, cwd=tmp_path, env={"PYTHONPATH": str(Path(config_dir()).parent)})
+    subprocess.run(
+        [sys.executable, "-c", probe], check=True, cwd=tmp_path, env={"PYTHONPATH": str(Path(config_dir()).parent)}
+    )
     result = run_bwopt("--help", cwd=tmp_path, timeout=60)
     assert result.returncode == 0
     assert "pipeline: default, naive, tuned" in result.stdout

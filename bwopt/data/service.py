@@ -149,9 +149,7 @@ class LocalDataService:
             self._dispatcher.stop()
 
 
-def distribute(
-    dataset, service_address: str, processing_mode: str, job_name: Optional[str], compression: str
-):
+def distribute(dataset, service_address: str, processing_mode: str, job_name: Optional[str], compression: str):
     """`dataset` produced by the tf.data service at `service_address` instead of in this process.
 
     Args:
@@ -167,9 +165,7 @@ def distribute(
         ValueError: on an unknown processing mode or compression, listing the choices.
     """
     if processing_mode not in PROCESSING_MODES:
-        raise ValueError(
-            f"unknown processing_mode {processing_mode!r}; expected one of: {', '.join(PROCESSING_MODES)}"
-        )
+        raise ValueError(f"unknown processing_mode {processing_mode!r}; expected one of: {', '.join(PROCESSING_MODES)}")
     if compression not in COMPRESSIONS:
         raise ValueError(f"unknown compression {compression!r}; expected one of: {', '.join(COMPRESSIONS)}")
     import tensorflow as tf

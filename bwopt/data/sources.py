@@ -132,8 +132,15 @@ def load_artificial(config, seed: int, validation_fraction: float) -> FileSource
         return tf.data.Dataset.from_generator(examples, output_signature=signature, args=(name,))
 
     return FileSource(
-        train_files, validation_files, open_file, shape, "float32", config.num_classes, 1.0,
-        len(train_files) * config.examples_per_file, len(validation_files) * config.examples_per_file,
+        train_files,
+        validation_files,
+        open_file,
+        shape,
+        "float32",
+        config.num_classes,
+        1.0,
+        len(train_files) * config.examples_per_file,
+        len(validation_files) * config.examples_per_file,
         step_compute_s=config.step_compute_s,
     )
 
@@ -163,8 +170,15 @@ def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
         return sum(count_records(path, config.compression) for path in files)
 
     return FileSource(
-        train_files, validation_files, open_file, shape, config.feature_dtype, config.num_classes,
-        config.feature_scale, count(train_files), count(validation_files),
+        train_files,
+        validation_files,
+        open_file,
+        shape,
+        config.feature_dtype,
+        config.num_classes,
+        config.feature_scale,
+        count(train_files),
+        count(validation_files),
     )
 
 

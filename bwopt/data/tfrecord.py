@@ -90,9 +90,7 @@ def _check_inputs(features: np.ndarray, labels: np.ndarray, num_shards: int, com
     if compression not in COMPRESSIONS:
         raise ValueError(f"unknown compression {compression!r}; expected one of: {', '.join(COMPRESSIONS)}")
     if labels.ndim != 1 or len(labels) != len(features):
-        raise ValueError(
-            f"labels must have shape ({len(features)},) to match the features; got {labels.shape}"
-        )
+        raise ValueError(f"labels must have shape ({len(features)},) to match the features; got {labels.shape}")
     if not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"labels must be integers; got dtype {labels.dtype}")
     if not 1 <= num_shards <= len(features):

@@ -100,10 +100,7 @@ def recommend(
     )
     if verdict == "compute-bound":
         precision = "mixed_bfloat16" if on_cpu else "mixed_float16 / mixed_bfloat16"
-        return (
-            f"{diagnosis}. Try strategy=mirrored, a larger train.global_batch_size, or "
-            f"device.precision={precision}"
-        )
+        return f"{diagnosis}. Try strategy=mirrored, a larger train.global_batch_size, or device.precision={precision}"
     off = pipeline_knobs_off(prefetch, map_parallelism, cache, transfer_dtype, num_parallel_reads, integer_features)
     if off:
         return f"{diagnosis}. {', '.join(off)}; try pipeline=tuned"

@@ -78,15 +78,13 @@ def peak_device_memory_bytes(device_names: List[str]) -> Optional[Dict[str, int]
     """Peak memory TensorFlow's allocator held on each GPU or TPU, in bytes, keyed by device name.
 
     The peak counts since the process started or since `reset_device_memory_peaks`; it is memory
-    in use by tensors, not what the allocator reserved (memory growth changes the latter). CPU devices are skipped: TensorFlow keeps no
-    memory statistics for them. Returns None when no GPU or TPU is among `device_names`.
+    in use by tensors, not what the allocator reserved (memory growth changes the latter). CPU
+    devices are skipped: TensorFlow keeps no memory statistics for them. Returns None when no
+    GPU or TPU is among `device_names`.
     """
     import tensorflow as tf
 
-    accelerators = [
-        name for name in device_names if tf.DeviceSpec.from_string(name).device_type in ("GPU", "TPU")
-    ]
+    accelerators = [name for name in device_names if tf.DeviceSpec.from_string(name).device_type in ("GPU", "TPU")]
     if not accelerators:
         return None
     return {name: int(tf.config.experimental.get_memory_info(name)["peak"]) for name in accelerators}
-

@@ -22,8 +22,6 @@ IDEAL_EXAMPLES_PER_S = BATCH / SLEEP_S
 BYTES_PER_STEP = BATCH * (FEATURES * 1 + 4)  # uint8 features + int32 labels
 
 
-
-
 def slow_dataset():
     """Global batches of (uint8 features, int32 labels), each produced after a 10 ms sleep."""
     import tensorflow as tf

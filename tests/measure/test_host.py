@@ -17,8 +17,6 @@ from bwopt.measure import (
 MiB = 2**20
 
 
-
-
 def memoryview_copy_bytes_per_s(num_bytes: int, repeats: int) -> float:
     """Best-of-`repeats` copy between two bytearrays through memoryview slice assignment."""
     source, destination = bytearray(b"\x01" * num_bytes), bytearray(num_bytes)

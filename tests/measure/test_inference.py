@@ -17,8 +17,6 @@ from bwopt.measure.inference import InferenceFigures, measure_inference
 SLEEP_S = 0.005
 
 
-
-
 def model_that_sleeps(num_features: int):
     import keras
     import tensorflow as tf

@@ -45,8 +45,14 @@ def test_jitter_is_robust_to_outliers_and_matches_sigma_for_normal_data():
 
 @pytest.mark.parametrize(
     "fraction,verdict",
-    [(0.0, "not input-bound"), (0.0499, "not input-bound"), (0.05, "moderately input-bound"),
-     (0.1999, "moderately input-bound"), (0.2, "highly input-bound"), (0.9, "highly input-bound")],
+    [
+        (0.0, "not input-bound"),
+        (0.0499, "not input-bound"),
+        (0.05, "moderately input-bound"),
+        (0.1999, "moderately input-bound"),
+        (0.2, "highly input-bound"),
+        (0.9, "highly input-bound"),
+    ],
 )
 def test_verdict_uses_the_profiler_thresholds(fraction, verdict):
     assert input_bound_verdict(fraction) == verdict
@@ -84,30 +90,55 @@ def figures_with_input_wait(input_wait_s: float, compute_s: float, num_steps: in
 def test_recommendation_for_an_input_bound_run_names_the_knobs_that_are_off():
     # 4.3 ms waiting out of a 10 ms step: 43 %, 3,200 examples/s.
     figures = figures_with_input_wait(0.0043, 0.0057)
-    text = recommend(figures, prefetch=0, map_parallelism=1, cache="memory", transfer_dtype="uint8",
-                     compute_ceiling_examples_per_s=6000.0, input_ceiling_examples_per_s=3500.0)
+    text = recommend(
+        figures,
+        prefetch=0,
+        map_parallelism=1,
+        cache="memory",
+        transfer_dtype="uint8",
+        compute_ceiling_examples_per_s=6000.0,
+        input_ceiling_examples_per_s=3500.0,
+    )
     assert text == (
         "highly input-bound: 43 % of step time waits for input at 3,200 examples/s "
         "(compute alone 6,000, input alone 3,500 examples/s). "
         "prefetch is 0, map runs serially; try pipeline=tuned"
     )
-    text = recommend(figures_with_input_wait(0.001, 0.009), prefetch="autotune", map_parallelism="autotune",
-                     cache="off", transfer_dtype="float32", num_parallel_reads=1)
+    text = recommend(
+        figures_with_input_wait(0.001, 0.009),
+        prefetch="autotune",
+        map_parallelism="autotune",
+        cache="off",
+        transfer_dtype="float32",
+        num_parallel_reads=1,
+    )
     assert text.startswith("moderately input-bound: 10 % of step time waits for input at 3,200 examples/s. ")
     assert "files are read one at a time, nothing is cached, features cross as float32" in text
 
 
 def test_recommendation_when_the_pipeline_is_already_tuned():
-    text = recommend(figures_with_input_wait(0.005, 0.005), prefetch="autotune", map_parallelism="autotune",
-                     cache="memory", transfer_dtype="uint8", num_parallel_reads="autotune")
+    text = recommend(
+        figures_with_input_wait(0.005, 0.005),
+        prefetch="autotune",
+        map_parallelism="autotune",
+        cache="memory",
+        transfer_dtype="uint8",
+        num_parallel_reads="autotune",
+    )
     assert text.startswith("highly input-bound: 50 % of step time")
     assert "pipeline=tuned" not in text and "knobs are on" in text
 
 
 def test_recommendation_for_a_compute_bound_run_suggests_compute_knobs():
     # 0.1 ms of a 10 ms step waiting: 1 %, not input-bound.
-    text = recommend(figures_with_input_wait(0.0001, 0.0099), prefetch=0, map_parallelism=1, cache="off",
-                     transfer_dtype="float32", compute_ceiling_examples_per_s=3300.0)
+    text = recommend(
+        figures_with_input_wait(0.0001, 0.0099),
+        prefetch=0,
+        map_parallelism=1,
+        cache="off",
+        transfer_dtype="float32",
+        compute_ceiling_examples_per_s=3300.0,
+    )
     assert text.startswith(
         "compute-bound: 1 % of step time waits for input at 3,200 examples/s (compute alone 3,300 examples/s)."
     )
