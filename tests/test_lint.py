@@ -7,6 +7,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_ruff_finds_nothing():
     result = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "bwopt", "tests", "benchmarks"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "ruff", "check", "bwopt", "tests", "benchmarks"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
