@@ -13,9 +13,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from bwopt.schema import AUTOTUNE
+from bwopt.schema import AUTOTUNE, COMPRESSIONS
 
-COMPRESSIONS = ("NONE", "GZIP", "ZLIB")
 MANIFEST = "manifest.json"
 # Examples per batch when timing a read pass; large enough that per-batch Python cost is noise.
 MEASURE_BATCH_SIZE = 1024
