@@ -115,8 +115,13 @@ def test_config_folder_is_found_from_an_installed_wheel(tmp_path):
     assert "name: mirrored" in composed.stdout
 
 
-def test_training_through_a_local_data_service_in_a_loopback_only_namespace(tmp_path):
-    """tf.data's servers bind 0.0.0.0, so the run goes into a network namespace holding only lo."""
+@pytest.mark.parametrize("mode", ["local", "remote"])
+def test_training_through_a_data_service_in_a_loopback_only_namespace(tmp_path, mode):
+    """tf.data's servers bind 0.0.0.0, so the run goes into a network namespace holding only lo.
+
+    local: bwopt starts the dispatcher and workers; remote: the launcher starts them first, as a
+    cluster would, and bwopt is given the dispatcher's address.
+    """
     namespace = ["unshare", "--user", "--map-root-user", "--net"]
     if shutil.which("unshare") is None or subprocess.run([*namespace, "true"], capture_output=True).returncode:
         pytest.skip("needs a user + network namespace (util-linux unshare) to keep the servers off the network")
@@ -124,8 +129,13 @@ def test_training_through_a_local_data_service_in_a_loopback_only_namespace(tmp_
         "import runpy, sys\n"
         f"sys.path.insert(0, {str(REPO / 'tests' / 'data')!r})\n"
         "from test_service import bring_up_loopback\n"
+        "from bwopt.data.service import LocalDataService\n"
         "bring_up_loopback()\n"
-        "sys.argv = ['bwopt', *sys.argv[1:]]\n"
+        "arguments = sys.argv[1:]\n"
+        "if 'pipeline.service.mode=remote' in arguments:\n"
+        "    cluster = LocalDataService(2).__enter__()\n"
+        "    arguments.append(f'pipeline.service.address={cluster.address}')\n"
+        "sys.argv = ['bwopt', *arguments]\n"
         "runpy.run_module('bwopt', run_name='__main__')\n"
     )
     result = subprocess.run(
@@ -135,9 +145,9 @@ def test_training_through_a_local_data_service_in_a_loopback_only_namespace(tmp_
             "-c",
             launcher,
             *TINY,
-            "pipeline.service.mode=local",
-            "pipeline.service.num_workers=2",
+            f"pipeline.service.mode={mode}",
             "pipeline.service.processing_mode=parallel_epochs",
+            "pipeline.service.job_name=bwopt-test",
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -147,7 +157,9 @@ def test_training_through_a_local_data_service_in_a_loopback_only_namespace(tmp_
     )
     assert result.returncode == 0, result.stderr[-3000:]
     _, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
-    assert run.data.params["pipeline.service.mode"] == "local"
+    assert run.data.params["pipeline.service.mode"] == mode
+    if mode == "remote":
+        assert run.data.params["pipeline.service.address"].startswith("grpc://127.0.0.1:")
     assert run.data.metrics["throughput_examples_per_s"] > 0
     assert run.data.metrics["val_accuracy"] > 0.5
 
