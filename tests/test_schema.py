@@ -111,7 +111,9 @@ def test_bad_command_line_fails_fast_without_a_run(case, tmp_path):
     assert result.returncode != 0
     for fragment in expected:
         assert fragment in result.stderr, result.stderr
-    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
     assert "hydra" in imported and not {"tensorflow", "mlflow", "keras"} & imported
     assert count_runs(database) == 0
 
