@@ -105,9 +105,12 @@ def test_memory_cache_and_file_cache(tmp_path):
     assert list(prefix.parent.glob("train*.index"))
 
 
-def test_snapshot_writes_files(tmp_path):
-    dataset = dataset_of(f"snapshot.path={tmp_path / 'snap'}", "snapshot.compression=NONE", batch=50)
-    assert "SnapshotDatasetV2" in ops(dataset)
+@pytest.mark.parametrize("compression", ["NONE", "GZIP"])
+def test_snapshot_writes_files_with_its_compression(tmp_path, compression):
+    dataset = dataset_of(f"snapshot.path={tmp_path / 'snap'}", f"snapshot.compression={compression}", batch=50)
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    (snapshot,) = [node for node in graph.node if node.op == "SnapshotDatasetV2"]
+    assert snapshot.attr["compression"].s == compression.encode()
     for _ in zip(range(6), dataset):
         pass
     assert any(path.is_file() for path in (tmp_path / "snap").rglob("*"))
