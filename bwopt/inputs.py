@@ -68,19 +68,12 @@ def plan(config, source) -> InputPlan:
         raise ConfigError(
             f"train.global_batch_size={batch} is larger than the {num_train} training examples; use a smaller batch"
         )
-    if config.mode != "inference" and config.train.epochs * steps_per_epoch <= config.train.warmup_steps:
+    if config.mode != "inference" and not timed_steps(config, steps_per_epoch):
         raise ConfigError(
-            f"train.warmup_steps={config.train.warmup_steps} leaves no step to time out of "
-            f"{config.train.epochs * steps_per_epoch}; lower it or train longer"
+            f"train.warmup_steps={config.train.warmup_steps}, train.epoch_warmup_steps="
+            f"{config.train.epoch_warmup_steps} and the profiled steps leave no step to time out of "
+            f"{config.train.epochs} epoch(s) of {steps_per_epoch} steps; lower them or train longer"
         )
-    if config.mode == "train" and config.measure.profile_num_steps:
-        first_timed = max(config.train.warmup_steps, config.measure.profile_start_step)
-        if first_timed + config.measure.profile_num_steps >= config.train.epochs * steps_per_epoch:
-            raise ConfigError(
-                f"measure.profile_start_step={config.measure.profile_start_step} and "
-                f"measure.profile_num_steps={config.measure.profile_num_steps} leave no step to time out of "
-                f"{config.train.epochs * steps_per_epoch}; profile fewer steps or train longer"
-            )
     bytes_per_example = int(np.prod(source.feature_shape)) * transfer_itemsize(config.pipeline.transfer_dtype)
     return InputPlan(
         train_indices,
@@ -91,6 +84,22 @@ def plan(config, source) -> InputPlan:
         bytes_per_example + LABEL_BYTES,
         source.feature_dtype,
     )
+
+
+def timed_steps(config, steps_per_epoch: int) -> list:
+    """The steps the timing figures will be computed from (bwopt.measure.timing defines which)."""
+    from bwopt.measure import excluded_steps
+    from bwopt.measure import timed_steps as timed
+
+    training = config.mode == "train"
+    warmup = config.train.warmup_steps
+    epoch_warmup = warmup if config.train.epoch_warmup_steps is None else config.train.epoch_warmup_steps
+    profile = config.measure
+    profiled = range(profile.profile_start_step, profile.profile_start_step + profile.profile_num_steps)
+    excluded = excluded_steps(
+        config.train.epochs if training else 1, steps_per_epoch, epoch_warmup, profiled if training else ()
+    )
+    return timed(config.train.epochs * steps_per_epoch, warmup, excluded)
 
 
 class Inputs:

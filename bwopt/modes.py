@@ -11,7 +11,7 @@ from typing import Dict
 
 from bwopt.inputs import InputPlan, Inputs
 from bwopt.measure import StepTimer
-from bwopt.schema import Config, ConfigError
+from bwopt.schema import AUTOTUNE, Config, ConfigError
 
 
 @dataclass
@@ -111,16 +111,30 @@ def _measure_ceilings(session: Session, steps, train_iterator) -> None:
 
     config, measurements = session.config, session.summary.measurements
     batch, num_steps = config.train.global_batch_size, config.measure.ceiling_steps
-    warmup = min(config.train.warmup_steps, num_steps)
     examples_per_s, bytes_per_s = input_ceiling(
-        train_iterator, num_steps, warmup, batch, batch * session.sizes.bytes_per_example
+        train_iterator, num_steps, batches_to_drain(config), batch, batch * session.sizes.bytes_per_example
     )
     measurements["input_ceiling_examples_per_s"] = examples_per_s
     measurements["input_ceiling_bytes_per_s"] = bytes_per_s
     on_devices = place_on_replica_devices(session.strategy, next(train_iterator), session.summary.devices)
+    warmup = min(config.train.warmup_steps, num_steps)
     measurements["compute_ceiling_examples_per_s"] = compute_ceiling(
         steps.train_step, on_devices, num_steps, warmup, batch
     )
+
+
+def batches_to_drain(config) -> int:
+    """Batches to take, untimed, before timing the input ceiling on the training iterator.
+
+    During training and the last validation pass the pipeline buffered batches (prefetch, the
+    per-replica buffer, the tf.data service's own buffers); timing them would count batches made
+    earlier. A fixed prefetch depth is known; an autotuned one or the service's is not, so then
+    as many batches as will be timed are drained first.
+    """
+    pipeline = config.pipeline
+    if pipeline.prefetch == AUTOTUNE or pipeline.service.mode != "off":
+        return config.train.warmup_steps + config.measure.ceiling_steps
+    return config.train.warmup_steps + pipeline.prefetch + pipeline.distribute.per_replica_buffer_size
 
 
 def _measure_inference(session: Session, model) -> None:

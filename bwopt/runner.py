@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from bwopt.data.sources import load_source
-from bwopt.inputs import Inputs, plan
+from bwopt.inputs import Inputs, plan, timed_steps
 from bwopt.measure import StepTimer, TimingFigures, timing_figures
 from bwopt.modes import MODES, Session
 from bwopt.schema import Config, check_batch_divisible
@@ -133,21 +133,14 @@ def _finish(config, sizes, tracker, timer, summary, output_dir, resolved, sessio
 
 def _measure_after(config, sizes, timer, summary, session) -> None:
     """The run-level figures: timing, TFRecord files, memory, bandwidth, efficiency, advice."""
-    from bwopt.measure import excluded_steps, host_memcpy_bandwidth_bytes_per_s, peak_host_rss_bytes
+    from bwopt.measure import host_memcpy_bandwidth_bytes_per_s, peak_host_rss_bytes
 
     measurements = summary.measurements
-    warmup = config.train.warmup_steps
-    if timer.num_steps > warmup:
-        training = config.mode == "train"
-        epoch_warmup = warmup if config.train.epoch_warmup_steps is None else config.train.epoch_warmup_steps
-        excluded = excluded_steps(
-            config.train.epochs if training else 1,
-            sizes.steps_per_epoch,
-            epoch_warmup,
-            _profiled_steps(config) if training else (),
-        )
-        batch = config.train.global_batch_size
-        summary.figures = timing_figures(timer, warmup, batch, batch * sizes.bytes_per_example, excluded=excluded)
+    batch = config.train.global_batch_size
+    kept = [step for step in timed_steps(config, sizes.steps_per_epoch) if step < timer.num_steps]
+    if kept:  # none when a failure or a signal came before the first timed step
+        excluded = set(range(timer.num_steps)) - set(kept)
+        summary.figures = timing_figures(timer, 0, batch, batch * sizes.bytes_per_example, excluded=excluded)
     if session is not None and session.inputs.materialised:
         measurements.update(_tfrecord_figures(session))
     # Before the memcpy test, whose two buffers would raise the peak.
@@ -175,11 +168,6 @@ def _record(tracker, summary: Summary, output_dir: Path, resolved: dict) -> None
     for name in ("config.yaml", "summary.json"):
         tracker.log_artifacts(output_dir / name)
     tracker.log_artifacts(output_dir / ".hydra", ".hydra")
-
-
-def _profiled_steps(config) -> range:
-    start = config.measure.profile_start_step
-    return range(start, start + config.measure.profile_num_steps)
 
 
 def _tfrecord_figures(session: Session) -> Dict[str, float]:

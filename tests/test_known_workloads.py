@@ -182,3 +182,19 @@ def test_steps_fed_during_validation_are_left_out(run_experiment, input_s_per_ba
         assert measured > 1.25 * steady
     else:
         assert measured == pytest.approx(steady, rel=0.15)
+
+
+def test_input_ceiling_is_not_inflated_by_batches_buffered_during_training(run_experiment, input_s_per_batch):
+    """A deep prefetch buffer is full when training ends; the ceiling drains it before timing."""
+    summary = run_experiment(
+        *WORKLOAD,
+        "pipeline.prefetch=12",
+        f"data.element_latency_s={ELEMENT_S}",
+        "data.step_compute_s=0.03",
+        "measure.ceilings=true",
+        "measure.ceiling_steps=15",
+    )
+    assert summary.measurements["input_ceiling_examples_per_s"] == pytest.approx(BATCH / input_s_per_batch, rel=0.15)
+    # The step sleeps 30 ms: the compute ceiling is that, and training ran at the slower of the two.
+    assert summary.measurements["compute_ceiling_examples_per_s"] == pytest.approx(BATCH / 0.030, rel=0.15)
+    assert summary.measurements["efficiency"] == pytest.approx(1.0, abs=0.15)

@@ -120,3 +120,31 @@ def test_other_cpu_count_in_an_initialised_process_is_refused(run_experiment):
         run_experiment("tracking=none", "device.num_cpu_devices=3", "train.global_batch_size=63", *TINY)
     with pytest.raises(DeviceError, match=r"device.intra_op_threads=1 \(it has 0\)"):
         run_experiment("tracking=none", "device.intra_op_threads=1", *TINY)
+
+
+@pytest.mark.parametrize(
+    "overrides,timed",
+    [
+        (["train.steps_per_epoch=10", "measure.profile_start_step=7", "measure.profile_num_steps=3"], 2),
+        (
+            [
+                "train.epochs=2",
+                "train.steps_per_epoch=10",
+                "measure.profile_start_step=12",
+                "measure.profile_num_steps=8",
+            ],
+            5,
+        ),
+    ],
+)
+def test_profiling_late_steps_leaves_the_earlier_ones_timed(run_experiment, overrides, timed):
+    summary = run_experiment("tracking=none", "train.epochs=1", "train.warmup_steps=5", *overrides)
+    assert summary.figures.num_timed_steps == timed
+
+
+def test_a_config_that_would_time_no_step_is_refused_before_the_run(run_experiment, mlflow_client):
+    from bwopt.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="leave no step to time"):
+        run_experiment("train.epochs=2", "train.steps_per_epoch=5", "train.warmup_steps=5", experiment="none_timed")
+    assert mlflow_client.get_experiment_by_name("none_timed") is None

@@ -28,6 +28,7 @@ from bwopt.measure.timing import (
     excluded_steps,
     input_bound_verdict,
     jitter,
+    timed_steps,
     timing_figures,
 )
 
@@ -53,6 +54,7 @@ __all__ = [
     "recommend",
     "reset_device_memory_peaks",
     "reset_peak_host_rss",
+    "timed_steps",
     "timing_figures",
     "wait_for_batch",
 ]

@@ -9,8 +9,8 @@ A training step is timed in two parts on the host's monotonic clock (`time.perf_
 
 Step time is their sum. Steps run back to back, so the sum of the step times of the timed steps
 is the wall time they took. Excluded from every figure (see `excluded_steps`): the first
-`warmup_steps` steps (tracing, autotuning, cache fill); the first `warmup_steps` steps of every
-later epoch, because the input pipeline keeps filling its buffers during the validation pass
+`warmup_steps` steps (tracing, autotuning, cache fill); the first `epoch_warmup_steps` steps of
+every later epoch, because the input pipeline keeps filling its buffers during the validation pass
 between epochs, so those steps would get their batches for free; and steps a profiler traced.
 Validation itself is not part of any step.
 """
@@ -103,6 +103,12 @@ def excluded_steps(epochs: int, steps_per_epoch: int, epoch_warmup_steps: int, p
     return epoch_starts | set(profiled)
 
 
+def timed_steps(num_steps: int, warmup_steps: int, excluded: Sequence[int] = ()) -> List[int]:
+    """Indices of the steps the figures are computed from, out of `num_steps`."""
+    skipped = set(excluded)
+    return [index for index in range(warmup_steps, num_steps) if index not in skipped]
+
+
 def timing_figures(
     timer: StepTimer,
     warmup_steps: int,
@@ -117,8 +123,7 @@ def timing_figures(
     Raises:
         ValueError: when no step is left after the warm-up.
     """
-    skipped = set(excluded)
-    kept = [index for index in range(warmup_steps, timer.num_steps) if index not in skipped]
+    kept = timed_steps(timer.num_steps, warmup_steps, excluded)
     input_wait = np.asarray(timer.input_wait_s, dtype=np.float64)[kept]
     step = input_wait + np.asarray(timer.compute_s, dtype=np.float64)[kept]
     if len(step) == 0:
