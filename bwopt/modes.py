@@ -106,21 +106,22 @@ def run_training(session: Session) -> None:
 
 def _measure_ceilings(session: Session, steps, train_iterator) -> None:
     """Both ceilings on the training pipeline as training left it: warm, caches filled."""
-    from bwopt.measure import compute_ceiling, input_ceiling
+    from bwopt.measure import Ceilings, compute_ceiling, input_ceiling
     from bwopt.strategies import place_on_replica_devices
 
-    config, measurements = session.config, session.summary.measurements
+    config = session.config
     batch, num_steps = config.train.global_batch_size, config.measure.ceiling_steps
-    examples_per_s, bytes_per_s = input_ceiling(
+    input_examples_per_s, input_bytes_per_s = input_ceiling(
         train_iterator, num_steps, batches_to_drain(config), batch, batch * session.sizes.bytes_per_example
     )
-    measurements["input_ceiling_examples_per_s"] = examples_per_s
-    measurements["input_ceiling_bytes_per_s"] = bytes_per_s
     on_devices = place_on_replica_devices(session.strategy, next(train_iterator), session.summary.devices)
     warmup = min(config.train.warmup_steps, num_steps)
-    measurements["compute_ceiling_examples_per_s"] = compute_ceiling(
-        steps.train_step, on_devices, num_steps, warmup, batch
+    ceilings = Ceilings(
+        compute_examples_per_s=compute_ceiling(steps.train_step, on_devices, num_steps, warmup, batch),
+        input_examples_per_s=input_examples_per_s,
+        input_bytes_per_s=input_bytes_per_s,
     )
+    session.summary.measurements.update(ceilings.metrics())
 
 
 def batches_to_drain(config) -> int:

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from bwopt.pipeline import tf_count
 from bwopt.schema import AUTOTUNE, COMPRESSIONS
 
 MANIFEST = "manifest.json"
@@ -176,17 +177,6 @@ def tf_compression(compression: str) -> str:
     return "" if compression == "NONE" else compression
 
 
-def _tf_count(value: Union[int, str, None]):
-    """A parallelism count: "autotune" becomes tf.data.AUTOTUNE; an int or None passes through."""
-    import tensorflow as tf
-
-    if value == AUTOTUNE:
-        return tf.data.AUTOTUNE
-    if isinstance(value, str):
-        raise ValueError(f"unknown count {value!r}; expected an int, None or '{AUTOTUNE}'")
-    return value
-
-
 FEATURE_KEY = "features"
 LABEL_KEY = "label"
 
@@ -231,9 +221,9 @@ def read_dataset(
         files.paths,
         compression_type=tf_compression(files.compression),
         buffer_size=buffer_size_bytes,
-        num_parallel_reads=_tf_count(num_parallel_reads),
+        num_parallel_reads=tf_count(num_parallel_reads),
     )
-    return records.map(parse, num_parallel_calls=_tf_count(num_parallel_calls))
+    return records.map(parse, num_parallel_calls=tf_count(num_parallel_calls))
 
 
 def measure_read_throughput(
