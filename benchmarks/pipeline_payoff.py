@@ -1,7 +1,7 @@
 """What the classic tf.data optimisations pay on the same workload, through bwopt's own code path.
 
 Every run is a real bwopt experiment: the real conf/ composed with Hydra's compose API plus
-overrides, validated with `bwopt.app.validate`, run by `bwopt.runner.run` (tracking=none, no
+overrides, validated with `bwopt.app.validate`, run by `bwopt.run.run` (tracking=none, no
 memcpy test, no progress bar, its printed summary swallowed), and read back from
 `summary.figures` (throughput in examples/s, input-wait fraction). Two comparisons, run
 interleaved round by round (the order alternates between rounds, ABBA..., so drift in machine
@@ -91,7 +91,7 @@ def compose(overrides):
 
 def run_bwopt(config, resolved, scratch: Path):
     """One bwopt run; returns its TimingFigures (the printed summary is discarded)."""
-    from bwopt.runner import run
+    from bwopt.run import run
 
     with contextlib.redirect_stdout(io.StringIO()):
         summary = run(config, output_dir=scratch, resolved=resolved)
@@ -158,7 +158,7 @@ def main() -> None:
 
 def print_header() -> None:
     lines = [
-        "pipeline_payoff: bwopt runs (bwopt.runner.run, tracking=none) compared side by side,",
+        "pipeline_payoff: bwopt runs (bwopt.run.run, tracking=none) compared side by side,",
         f"  {ROUNDS} interleaved rounds (ABBA order); ratio = median of the per-round throughput ratios",
         "  (a) synthetic 32x32x3 uint8, augment_repeats=4, batch 128, 2 epochs: pipeline=tuned vs pipeline=naive",
         f"  (b) artificial, {ELEMENT_S * 1e3:g} ms/element, {COMPUTE_S * 1e3:g} ms/step, batch {ARTIFICIAL_BATCH}, "
@@ -173,7 +173,7 @@ def per_round_ratio(throughput, numerator: str, denominator: str) -> float:
 
 
 def report(throughput, wait, predicted, wall_s: float) -> None:
-    print(f"{ROUNDS} interleaved rounds of 4 bwopt runs each (runner.run, tracking=none), TF on CPU, {wall_s:.0f} s")
+    print(f"{ROUNDS} interleaved rounds of 4 bwopt runs each (bwopt.run.run, tracking=none), TF on CPU, {wall_s:.0f} s")
     for name in VARIANTS:
         print(
             f"  {name:<28} median {statistics.median(throughput[name]):10,.1f} examples/s"

@@ -5,18 +5,19 @@ dataset with prefetch, the real `bwopt.train.make_step_functions` train step) ru
 `STEPS_PER_BLOCK` steps in three ways, interleaved round by round (the order alternates between
 rounds, ABCCBA..., so drift in machine speed hits all three alike):
 
-- untimed, host sync per step: `train_step(next(iterator))`, then both results read with
-  `float()`, exactly the reads the timed loop makes; the difference to the timed loop is the
-  timing itself (two `perf_counter` calls, `StepTimer.record`, `STOP.check`);
+- untimed, host sync per step: `read_on_host(train_step(next(iterator)))`, exactly the read the
+  timed loop's step makes; the difference to the timed loop is the loop's own cost (the timing,
+  the hooks a run always has: step timer, epoch metrics, stop check);
 - untimed, host sync per block: the same without the per-step reads, one read at the end of the
   block; its difference to the above is what the per-step host sync costs, which timing compute
   requires;
-- timed: the inner loop of `bwopt.train.train`, line for line.
+- timed: `bwopt.train.train` itself (the one timed loop, `bwopt.loop.timed_loop`), with the step
+  timer and the stop check as hooks and no validation batches.
 
 Each block's wall time is taken with `perf_counter` around the whole block. Printed: the median
 over rounds of the per-step time of each, the timed loop's per-step overhead in microseconds and
 its ratio to each untimed loop (medians of the per-round values), the cost of the timing
-statements alone (the same statements around steps that do nothing, 200,000 times), and how
+loop alone (the timed loop with the same hooks around steps that do nothing, 200,000 times), and how
 much of the timed block's wall time the recorded step times cover.
 
 Run: `.venv/bin/python benchmarks/timing_overhead.py` (about 20 s on 2 cores).
@@ -39,7 +40,7 @@ ROUNDS = 30
 
 
 def build_training():
-    """(train_step, iterator over the distributed dataset) for a small MLP on random uint8 data."""
+    """(step functions, iterator over the distributed dataset) for a small MLP on random uint8 data."""
     import keras
     import tensorflow as tf
 
@@ -58,37 +59,30 @@ def build_training():
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
     steps = make_step_functions(strategy, model, optimizer, GLOBAL_BATCH, 1 / 255, False)
-    return steps.train_step, iter(strategy.experimental_distribute_dataset(dataset))
+    return steps, iter(strategy.experimental_distribute_dataset(dataset))
 
 
-def untimed_sync_per_step(train_step, iterator, timer) -> None:
+def untimed_sync_per_step(steps, iterator, timer) -> None:
+    from bwopt.measure import read_on_host
+
     for _ in range(STEPS_PER_BLOCK):
-        batch_loss, batch_correct = train_step(next(iterator))
-        float(batch_loss)
-        float(batch_correct)
+        read_on_host(steps.train_step(next(iterator)))
 
 
-def untimed_sync_per_block(train_step, iterator, timer) -> None:
+def untimed_sync_per_block(steps, iterator, timer) -> None:
+    from bwopt.measure import read_on_host
+
     for _ in range(STEPS_PER_BLOCK):
-        batch_loss, batch_correct = train_step(next(iterator))
-    float(batch_loss)
-    float(batch_correct)
+        results = steps.train_step(next(iterator))
+    read_on_host(results)
 
 
-def timed_like_bwopt(train_step, iterator, timer) -> None:
-    from bwopt.train import STOP
+def timed_like_bwopt(steps, iterator, timer) -> None:
+    from bwopt.measure import StepPlan
+    from bwopt.signals import StopCheck
+    from bwopt.train import train
 
-    # The inner loop of bwopt.train.train, line for line.
-    loss_sum = correct = 0.0
-    for _ in range(STEPS_PER_BLOCK):
-        started = time.perf_counter()
-        batch = next(iterator)
-        fetched = time.perf_counter()
-        batch_loss, batch_correct = train_step(batch)
-        loss_sum += float(batch_loss)
-        correct += float(batch_correct)
-        timer.record(fetched - started, time.perf_counter() - fetched)
-        STOP.check()
+    train(steps, iterator, (), StepPlan(1, STEPS_PER_BLOCK, 0), [timer, StopCheck()])
 
 
 LOOPS = {
@@ -99,39 +93,37 @@ LOOPS = {
 
 
 def instrumentation_alone_us(num_steps: int = 200_000) -> float:
-    """Per-step cost of the timing statements of the timed loop around steps that do nothing."""
+    """Per-step cost of the timed loop and a run's hooks around steps that do nothing."""
+    import itertools
+
+    from bwopt.loop import timed_loop
     from bwopt.measure import StepTimer
-    from bwopt.train import STOP
+    from bwopt.signals import StopCheck
 
-    timer = StepTimer()
-    started_all = time.perf_counter()
-    for _ in range(num_steps):
-        started = time.perf_counter()
-        fetched = time.perf_counter()
-        timer.record(fetched - started, time.perf_counter() - fetched)
-        STOP.check()
-    return (time.perf_counter() - started_all) / num_steps * 1e6
-
-
-def block_wall_s(loop, train_step, iterator, timer) -> float:
     started = time.perf_counter()
-    loop(train_step, iterator, timer)
+    timed_loop(itertools.repeat(None), lambda batch: None, 1, num_steps, [StepTimer(), StopCheck()])
+    return (time.perf_counter() - started) / num_steps * 1e6
+
+
+def block_wall_s(loop, steps, iterator, timer) -> float:
+    started = time.perf_counter()
+    loop(steps, iterator, timer)
     return time.perf_counter() - started
 
 
 def main() -> None:
     from bwopt.measure import StepTimer
 
-    train_step, iterator = build_training()
+    steps, iterator = build_training()
     for _ in range(WARMUP_STEPS):  # tracing, prefetch fill
-        float(train_step(next(iterator))[0])
+        float(steps.train_step(next(iterator))[0])
     per_step_us = {name: [] for name in LOOPS}
     coverage = []
     for round_number in range(ROUNDS):
         names = list(LOOPS) if round_number % 2 == 0 else list(reversed(LOOPS))
         for name in names:
             timer = StepTimer()
-            wall_s = block_wall_s(LOOPS[name], train_step, iterator, timer)
+            wall_s = block_wall_s(LOOPS[name], steps, iterator, timer)
             per_step_us[name].append(wall_s / STEPS_PER_BLOCK * 1e6)
             if timer.num_steps:
                 coverage.append((sum(timer.input_wait_s) + sum(timer.compute_s)) / wall_s)
@@ -149,7 +141,7 @@ def report(per_step_us, coverage, instrumentation_us: float) -> None:
         overhead_us = statistics.median(t - u for t, u in zip(timed, untimed))
         ratio = statistics.median(t / u for t, u in zip(timed, untimed))
         print(f"  timed vs {baseline:<24} overhead {overhead_us:+7.1f} us/step  ratio {ratio:.3f}")
-    print(f"  the timing statements alone (no step between them) cost {instrumentation_us:.2f} us/step")
+    print(f"  the timed loop and its hooks alone (steps that do nothing) cost {instrumentation_us:.2f} us/step")
     print(f"  recorded step times cover {statistics.median(coverage):.2%} of the timed blocks' wall time (median)")
 
 

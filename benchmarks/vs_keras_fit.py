@@ -7,7 +7,7 @@ with jit_compile off on both sides. Each side reads its own copy of the same tf.
 built by `bwopt.pipeline.build_dataset` with the default pipeline config (parallel map, shuffle
 1024, autotuned prefetch, float32 transfer):
 
-- bwopt: `bwopt.train.train` itself (the real timed loop; no-op progress and profiler objects,
+- bwopt: `bwopt.train.train` itself (the real timed loop; its step timer as the only hook,
   no validation batches) with the train step of `bwopt.train.make_step_functions`, which casts
   and scales the features (x 1/16) on the device;
 - fit: a Keras model made of `Rescaling(1/16)` followed by the same MLP, compiled with the same
@@ -49,25 +49,6 @@ ROUNDS = 20
 SEED = 0
 
 
-class NoProgress:
-    def on_epoch_begin(self, epoch):
-        pass
-
-    def on_step_end(self, epoch, step):
-        pass
-
-    def on_epoch_end(self, epoch):
-        pass
-
-
-class NoProfiler:
-    def on_step_begin(self, step):
-        pass
-
-    def on_step_end(self, step):
-        pass
-
-
 def default_config():
     from hydra import compose, initialize_config_dir
 
@@ -83,12 +64,12 @@ def build_sides(config):
     import tensorflow as tf
 
     from bwopt.data.sources import load_digits
-    from bwopt.measure import StepTimer
+    from bwopt.measure import StepPlan, StepTimer
     from bwopt.models import build_model, build_optimizer
     from bwopt.pipeline import array_elements, build_dataset
     from bwopt.train import make_step_functions, train
 
-    source = load_digits(config.data, SEED)
+    source = load_digits()
     strategy = tf.distribute.get_strategy()
 
     def dataset():
@@ -111,19 +92,8 @@ def build_sides(config):
     bwopt_data = strategy.experimental_distribute_dataset(dataset())
 
     def bwopt_block(num_steps: int) -> None:
-        train(
-            steps,
-            iter(bwopt_data),
-            (),
-            epochs=1,
-            steps_per_epoch=num_steps,
-            examples_per_step=GLOBAL_BATCH,
-            num_validation_examples=1,
-            timer=StepTimer(),
-            on_epoch_end=lambda *_: None,
-            progress=NoProgress(),
-            profiler=NoProfiler(),
-        )
+        # No validation batches; the step timer is the hook every bwopt run has.
+        train(steps, iter(bwopt_data), (), StepPlan(1, num_steps, 0), [StepTimer()])
 
     keras.utils.set_random_seed(SEED)
     fit_model = keras.Sequential(

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bwopt.schema import Config, ConfigError, register_configs, unknown_key_message
-from bwopt.train import STOP
+from bwopt.signals import STOP
 
 
 def config_dir() -> str:
@@ -38,7 +38,7 @@ def run_job(cfg: DictConfig) -> float:
 
     try:
         config = validate(cfg)
-        from bwopt.runner import run
+        from bwopt.run import run
 
         output_dir = Path(HydraConfig.get().runtime.output_dir)
         summary = run(config, output_dir=output_dir, resolved=OmegaConf.to_container(cfg, resolve=True))

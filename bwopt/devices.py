@@ -17,7 +17,6 @@ class DeviceError(RuntimeError):
 class DeviceSetup:
     """What `configure` produced: the logical devices replicas may use, by name."""
 
-    kind: str
     device_names: List[str]
     tpu_resolver: Optional[object] = None
 
@@ -45,7 +44,7 @@ def configure_cpu(config) -> DeviceSetup:
         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
     }
     refuse_changes(wanted, have)
-    return DeviceSetup("cpu", [device.name for device in tf.config.list_logical_devices("CPU")])
+    return DeviceSetup([device.name for device in tf.config.list_logical_devices("CPU")])
 
 
 def configure_gpu(config) -> DeviceSetup:
@@ -81,7 +80,7 @@ def configure_gpu(config) -> DeviceSetup:
             "memory_limit_mb": [device.memory_limit for device in logical] if logical else None,
         },
     )
-    return DeviceSetup("gpu", [device.name for device in tf.config.list_logical_devices("GPU")])
+    return DeviceSetup([device.name for device in tf.config.list_logical_devices("GPU")])
 
 
 def configure_tpu(config) -> DeviceSetup:
@@ -96,7 +95,7 @@ def configure_tpu(config) -> DeviceSetup:
             f"device=tpu with device.tpu={config.tpu!r}: no TPU could be reached ({error}); "
             "run on a Cloud TPU VM or give its name or grpc:// address"
         ) from None
-    return DeviceSetup("tpu", [device.name for device in tf.config.list_logical_devices("TPU")], resolver)
+    return DeviceSetup([device.name for device in tf.config.list_logical_devices("TPU")], resolver)
 
 
 def refuse_changes(wanted: dict, have: dict) -> None:
@@ -114,6 +113,7 @@ def refuse_changes(wanted: dict, have: dict) -> None:
         )
 
 
+# Keyed by the options of conf/device/ (bwopt.schema.SCHEMAS["device"]).
 TARGETS = {"cpu": configure_cpu, "gpu": configure_gpu, "tpu": configure_tpu}
 
 

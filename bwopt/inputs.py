@@ -1,6 +1,6 @@
 """From a data source to the batches a strategy distributes: split, shard, materialise, pipeline.
 
-`plan` fixes the sizes before TensorFlow is imported; `Inputs` builds the training and
+`plan` fixes the sizes and the timed steps before TensorFlow is imported; `Inputs` builds the training and
 validation datasets for each input pipeline (one per worker), honouring the split, the
 per-worker shard, TFRecord materialisation and the tf.data service.
 """
@@ -12,6 +12,7 @@ import numpy as np
 
 from bwopt.data.sources import ArraySource
 from bwopt.data.split import shard, train_validation_split
+from bwopt.measure.timing import StepPlan
 from bwopt.schema import ConfigError
 
 LABEL_BYTES = 4  # int32
@@ -25,6 +26,7 @@ class InputPlan:
         train_indices, validation_indices: example indices of an ArraySource (None for files).
         num_train_examples, num_validation_examples: examples in each split.
         steps_per_epoch: training steps per epoch.
+        steps: which steps of the run are timed (`step_plan`).
         bytes_per_example: host bytes of one example as transferred (features + label).
         feature_dtype: the features' dtype as stored by the source.
     """
@@ -34,6 +36,7 @@ class InputPlan:
     num_train_examples: int
     num_validation_examples: int
     steps_per_epoch: int
+    steps: StepPlan
     bytes_per_example: int
     feature_dtype: str
 
@@ -68,7 +71,8 @@ def plan(config, source) -> InputPlan:
         raise ConfigError(
             f"train.global_batch_size={batch} is larger than the {num_train} training examples; use a smaller batch"
         )
-    if config.mode != "inference" and not timed_steps(config, steps_per_epoch):
+    steps = step_plan(config, steps_per_epoch)
+    if config.mode != "inference" and not steps.timed():
         raise ConfigError(
             f"train.warmup_steps={config.train.warmup_steps}, train.epoch_warmup_steps="
             f"{config.train.epoch_warmup_steps} and the profiled steps leave no step to time out of "
@@ -81,34 +85,34 @@ def plan(config, source) -> InputPlan:
         num_train,
         num_validation,
         steps_per_epoch,
+        steps,
         bytes_per_example + LABEL_BYTES,
         source.feature_dtype,
     )
 
 
-def timed_steps(config, steps_per_epoch: int) -> list:
-    """The steps the timing figures will be computed from (bwopt.measure.timing defines which)."""
-    from bwopt.measure import excluded_steps
-    from bwopt.measure import timed_steps as timed
+def step_plan(config, steps_per_epoch: int) -> StepPlan:
+    """The one place the config becomes warm-up, excluded and timed steps (bwopt.measure.timing).
 
-    training = config.mode == "train"
-    warmup = config.train.warmup_steps
-    epoch_warmup = warmup if config.train.epoch_warmup_steps is None else config.train.epoch_warmup_steps
-    profile = config.measure
-    profiled = range(profile.profile_start_step, profile.profile_start_step + profile.profile_num_steps)
-    excluded = excluded_steps(
-        config.train.epochs if training else 1, steps_per_epoch, epoch_warmup, profiled if training else ()
-    )
-    return timed(config.train.epochs * steps_per_epoch, warmup, excluded)
+    Training runs `train.epochs` epochs, each with a validation pass after it, so each later
+    epoch starts with `train.epoch_warmup_steps` untimed steps, and profiled steps are left out.
+    `mode=input` iterates the same number of batches without a break, as one epoch.
+    """
+    train = config.train
+    epoch_warmup = train.warmup_steps if train.epoch_warmup_steps is None else train.epoch_warmup_steps
+    if config.mode != "train":
+        return StepPlan(1, train.epochs * steps_per_epoch, train.warmup_steps)
+    start, count = config.measure.profile_start_step, config.measure.profile_num_steps
+    return StepPlan(train.epochs, steps_per_epoch, train.warmup_steps, epoch_warmup, tuple(range(start, start + count)))
 
 
 class Inputs:
     """Builds per-pipeline datasets; TFRecord shards are written once, on first use."""
 
-    def __init__(self, config, source, sizes: InputPlan, service: Optional[Callable] = None) -> None:
+    def __init__(self, config, source, input_plan: InputPlan, service: Optional[Callable] = None) -> None:
         self.config = config
         self.source = source
-        self.sizes = sizes
+        self.input_plan = input_plan
         self.service = service
         self.tfrecords: Dict[str, object] = {}
 
@@ -119,7 +123,7 @@ class Inputs:
     def host_arrays(self, training: bool):
         """(features, labels) of one split in host memory; a file source is read once for it."""
         if isinstance(self.source, ArraySource):
-            indices = self.sizes.train_indices if training else self.sizes.validation_indices
+            indices = self.input_plan.train_indices if training else self.input_plan.validation_indices
             return self.source.features[indices], self.source.labels[indices]
         from bwopt.pipeline import file_elements
 
@@ -162,7 +166,7 @@ class Inputs:
             )
             return dataset if len(files.paths) >= num_pipelines else dataset.shard(num_pipelines, pipeline_id)
         if isinstance(self.source, ArraySource):
-            indices = self.sizes.train_indices if training else self.sizes.validation_indices
+            indices = self.input_plan.train_indices if training else self.input_plan.validation_indices
             if num_pipelines > 1:
                 indices = shard(indices, self.source.labels, self.config.split.name, num_pipelines, pipeline_id)
             return array_elements(self.source.features[indices], self.source.labels[indices])

@@ -34,6 +34,7 @@ def build_cnn(config, input_shape: Tuple[int, ...], num_classes: int):
     return keras.Sequential(layers, name="cnn")
 
 
+# Keyed by the options of conf/model/ (bwopt.schema.SCHEMAS["model"]).
 MODELS = {"mlp": build_mlp, "cnn": build_cnn}
 
 
@@ -41,16 +42,23 @@ def build_model(config, input_shape: Tuple[int, ...], num_classes: int):
     try:
         builder = MODELS[config.name]
     except KeyError:
-        raise ValueError(f"unknown model {config.name!r}; expected one of: {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {config.name!r}; expected one of: {', '.join(MODELS)}") from None
     return builder(config, input_shape, num_classes)
+
+
+# Keyed by bwopt.schema.OPTIMIZERS: the Keras optimizer class of each, by name.
+OPTIMIZERS = {"adam": "Adam", "sgd": "SGD", "rmsprop": "RMSprop"}
 
 
 def build_optimizer(name: str, learning_rate: float, precision: str):
     """The optimizer; float16 training gets dynamic loss scaling against underflow."""
     import keras
 
-    optimizers = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD, "rmsprop": keras.optimizers.RMSprop}
-    optimizer = optimizers[name](learning_rate=learning_rate)
+    try:
+        optimizer_class = getattr(keras.optimizers, OPTIMIZERS[name])
+    except KeyError:
+        raise ValueError(f"unknown optimizer {name!r}; expected one of: {', '.join(OPTIMIZERS)}") from None
+    optimizer = optimizer_class(learning_rate=learning_rate)
     if precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer

@@ -16,14 +16,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from bwopt.schema import AUTOTUNE
-
-
-def tf_count(value):
-    """A count from config: 'autotune' becomes tf.data.AUTOTUNE."""
-    import tensorflow as tf
-
-    return tf.data.AUTOTUNE if value == AUTOTUNE else value
+from bwopt.data.tfrecord import tf_count
 
 
 def array_elements(features: np.ndarray, labels: np.ndarray):

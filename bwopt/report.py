@@ -2,19 +2,22 @@
 
 import sys
 import time
+from dataclasses import asdict
 from typing import Callable, Dict, List, Optional, TextIO, Tuple
+
+from bwopt.loop import Hook, StepRecord
 
 BAR_WIDTH = 20
 
 
-class ProgressBar:
+class ProgressBar(Hook):
     """One `\\r`-redrawn line, `epoch 2/10  step 37/215  [####......]  3,201 examples/s`.
 
     Only a terminal gets it (`stream.isatty()`): logs and pipes stay quiet. The examples/s is
     live: the examples of the steps since the previous redraw (or `on_epoch_begin`) over the
     time since then. Redraws come at most every `min_interval_s`, so the bar costs the loop next
     to nothing; the last step of an epoch is always drawn, and `on_epoch_end` clears the line
-    for the epoch's summary. Call order: on_epoch_begin, on_step_end per step, on_epoch_end.
+    for the epoch's summary. A hook of the timed loop (bwopt.loop).
     """
 
     def __init__(
@@ -41,12 +44,13 @@ class ProgressBar:
         """Restart the rate, so that time between epochs (validation) does not count."""
         self._drawn_at, self._drawn_steps = self.clock(), epoch * self.steps_per_epoch
 
-    def on_step_end(self, epoch: int, step: int) -> None:
-        """After step `step` (0-based) of epoch `epoch` (0-based)."""
+    def on_step_end(self, step: int, record: Optional[StepRecord] = None) -> None:
+        """After step `step` of the loop (0-based, counted across epochs)."""
         if not self.enabled:
             return
         now = self.clock()
-        done = epoch * self.steps_per_epoch + step + 1
+        done = step + 1
+        epoch, step = divmod(step, self.steps_per_epoch)
         last_of_epoch = step + 1 == self.steps_per_epoch
         if now - self._drawn_at < self.min_interval_s and not last_of_epoch:
             return
@@ -54,7 +58,7 @@ class ProgressBar:
         self._draw(self.line(epoch, step, examples_per_s))
         self._drawn_at, self._drawn_steps = now, done
 
-    def on_epoch_end(self, epoch: int) -> None:
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, float]] = None) -> None:
         """Clear the line so that the epoch's summary prints on a clean one."""
         if self.enabled and self._line_length:
             self._draw("")
@@ -217,3 +221,16 @@ CLOSING_ROWS = [
     ("recommendation", _recommendation),
     ("MLflow run", _mlflow_run),
 ]
+
+
+def print_summary(summary, file: TextIO = sys.stdout) -> None:
+    """The end-of-run table of a bwopt.run.Summary."""
+    head = f"bwopt {summary.mode} run {summary.status.lower()}"
+    if summary.devices:
+        head += f"  ({summary.num_replicas} replica(s) on {', '.join(summary.devices)})"
+    figures = {**(asdict(summary.figures) if summary.figures else {}), **summary.measurements}
+    figures.update({key: value for key, value in summary.final_metrics.items() if key == "val_accuracy"})
+    if summary.recommendation:
+        figures["recommendation"] = summary.recommendation
+    figures["mlflow_run_id"] = summary.run_id or "(tracking off)"
+    print(head + "\n" + figures_table(figures), file=file, flush=True)

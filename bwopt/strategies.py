@@ -18,6 +18,7 @@ def build_one_device(config, devices: DeviceSetup):
 def build_mirrored(config, devices: DeviceSetup):
     import tensorflow as tf
 
+    # Keyed by bwopt.schema.CROSS_DEVICE_OPS.
     cross_device_ops = {
         "auto": lambda: None,
         "reduction_to_one": tf.distribute.ReductionToOneDevice,
@@ -33,6 +34,7 @@ def build_tpu(config, devices: DeviceSetup):
     return tf.distribute.TPUStrategy(devices.tpu_resolver)
 
 
+# Keyed by the options of conf/strategy/ (bwopt.schema.SCHEMAS["strategy"]).
 STRATEGIES = {
     "default": build_default,
     "one_device": build_one_device,
@@ -45,7 +47,7 @@ def build_strategy(config, devices: DeviceSetup):
     try:
         builder = STRATEGIES[config.name]
     except KeyError:
-        raise ValueError(f"unknown strategy {config.name!r}; expected one of: {', '.join(STRATEGIES)}")
+        raise ValueError(f"unknown strategy {config.name!r}; expected one of: {', '.join(STRATEGIES)}") from None
     return builder(config, devices)
 
 

@@ -111,6 +111,7 @@ class NoTracker:
         pass
 
 
+# Keyed by the options of conf/tracking/ (bwopt.schema.SCHEMAS["tracking"]).
 TRACKERS = {"mlflow": MlflowTracker, "none": lambda config: NoTracker()}
 
 

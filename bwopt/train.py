@@ -1,40 +1,12 @@
-"""The timed training loop: `strategy.run` inside `tf.function`, input wait timed around `next()`."""
+"""Training: the distributed, compiled train and evaluation steps, and epochs of them in the timed loop."""
 
-import signal
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Sequence
 
-from bwopt.measure import StepTimer
-
-
-class GracefulStop:
-    """SIGINT or SIGTERM ends the run between two steps, as KILLED, with what it measured.
-
-    Raising from the signal handler itself would interrupt TensorFlow inside an iterator's
-    `get_next`, which can corrupt its heap; so the first signal only asks the loop to stop at
-    the next step boundary, and a second one stops at once.
-    """
-
-    def __init__(self) -> None:
-        self.requested: Optional[str] = None
-
-    def install(self) -> None:
-        signal.signal(signal.SIGINT, self._handle)
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        already = self.requested
-        self.requested = signal.Signals(signum).name
-        if already:
-            raise KeyboardInterrupt(f"stopped at once by a second {self.requested}")
-
-    def check(self) -> None:
-        if self.requested:
-            raise KeyboardInterrupt(f"stopped by {self.requested}")
-
-
-STOP = GracefulStop()
+from bwopt.loop import Hook, StepRecord, timed_loop
+from bwopt.measure.ceilings import read_on_host
+from bwopt.measure.timing import StepPlan
 
 
 @dataclass
@@ -52,7 +24,7 @@ def make_step_functions(
     jit_compile: bool,
     step_compute_s: float = 0.0,
 ):
-    """Distributed train and evaluation steps, each returning (summed loss, correct count) over replicas.
+    """Distributed train and evaluation steps, each returning (summed loss, correct, examples) over replicas.
 
     `step_compute_s` adds a known sleep to every train step (the artificial workload).
     """
@@ -69,7 +41,7 @@ def make_step_functions(
     def sums(labels, logits, losses):
         predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
         correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels), tf.float32))
-        return tf.reduce_sum(losses), correct
+        return tf.reduce_sum(losses), correct, tf.cast(tf.shape(labels)[0], tf.float32)
 
     # XLA compiles the math; the gradient all-reduce stays outside the compiled function.
     @tf.function(jit_compile=jit_compile or None)
@@ -88,7 +60,7 @@ def make_step_functions(
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         if step_compute_s:
             slept = tf.py_function(lambda: time.sleep(step_compute_s) or 0.0, [], tf.float32)
-            replica_sums = (replica_sums[0] + slept, replica_sums[1])
+            replica_sums = (replica_sums[0] + slept, *replica_sums[1:])
         return replica_sums
 
     def replica_evaluate(features, labels):
@@ -98,67 +70,59 @@ def make_step_functions(
     def reduced(replica_fn):
         @tf.function
         def step(batch):
-            loss_sum, correct = strategy.run(replica_fn, args=batch)
-            return (
-                strategy.reduce(tf.distribute.ReduceOp.SUM, loss_sum, axis=None),
-                strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None),
-            )
+            replica_sums = strategy.run(replica_fn, args=batch)
+            return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) for value in replica_sums)
 
         return step
 
     return StepFunctions(reduced(replica_train), reduced(replica_evaluate))
 
 
-def evaluate(steps: StepFunctions, distributed_validation, num_examples: int) -> Dict[str, float]:
-    loss_sum = correct = 0.0
+def evaluate(steps: StepFunctions, distributed_validation) -> Dict[str, float]:
+    """Mean loss and accuracy over one pass of the distributed validation dataset ({} when it is empty)."""
+    loss_sum = correct = num_examples = 0.0
     for batch in distributed_validation:
-        batch_loss, batch_correct = steps.evaluate_step(batch)
-        loss_sum += float(batch_loss)
-        correct += float(batch_correct)
-    return {"val_loss": loss_sum / num_examples, "val_accuracy": correct / num_examples}
+        batch_loss, batch_correct, batch_examples = read_on_host(steps.evaluate_step(batch))
+        loss_sum, correct, num_examples = loss_sum + batch_loss, correct + batch_correct, num_examples + batch_examples
+    if not num_examples:
+        return {}
+    return {"val_loss": float(loss_sum / num_examples), "val_accuracy": float(correct / num_examples)}
+
+
+class EpochMetrics(Hook):
+    """Loss and accuracy of each epoch's training steps, then one validation pass: into the epoch's logs."""
+
+    def __init__(self, steps: StepFunctions, distributed_validation) -> None:
+        self.steps = steps
+        self.distributed_validation = distributed_validation
+        self.sums = [0.0, 0.0, 0.0]
+        self.last: Dict[str, float] = {}
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        self.sums = [0.0, 0.0, 0.0]
+
+    def on_step_end(self, step: int, record: StepRecord) -> None:
+        self.sums = [total + float(value) for total, value in zip(self.sums, record.results)]
+
+    def on_epoch_end(self, epoch: int, logs: Dict[str, float]) -> None:
+        loss_sum, correct, num_examples = self.sums
+        logs.update({"loss": loss_sum / num_examples, "accuracy": correct / num_examples})
+        logs.update(evaluate(self.steps, self.distributed_validation))
+        self.last = dict(logs)
 
 
 def train(
-    steps: StepFunctions,
-    train_iterator,
-    distributed_validation,
-    *,
-    epochs: int,
-    steps_per_epoch: int,
-    examples_per_step: int,
-    num_validation_examples: int,
-    timer: StepTimer,
-    on_epoch_end: Callable[[int, Dict[str, float]], None],
-    progress,
-    profiler,
+    steps: StepFunctions, train_iterator, distributed_validation, plan: StepPlan, hooks: Sequence[Hook] = ()
 ) -> Dict[str, float]:
-    """Run `epochs` x `steps_per_epoch` timed steps; returns the last epoch's metrics.
+    """Train for `plan.epochs` x `plan.steps_per_epoch` timed steps; returns the last epoch's metrics.
 
-    `train_iterator` is an iterator over the distributed training dataset; the caller keeps it,
-    warm, for what it measures after training.
-
-    `progress` (bwopt.report.ProgressBar) and `profiler` (bwopt.profiling.StepProfiler) are
-    called outside the timed part of each step.
+    Each step reads its results on the host, so its compute time is the step's on every replica.
+    After each epoch, one pass over `distributed_validation`; `hooks` then see the epoch's
+    metrics (loss, accuracy, val_loss, val_accuracy) in `on_epoch_end`'s logs. `train_iterator`
+    is an iterator over the distributed training dataset; the caller keeps it, warm, for what it
+    measures after training.
     """
-    for epoch in range(epochs):
-        loss_sum = correct = 0.0
-        progress.on_epoch_begin(epoch)
-        for step in range(steps_per_epoch):
-            profiler.on_step_begin(epoch * steps_per_epoch + step)
-            started = time.perf_counter()
-            batch = next(train_iterator)
-            fetched = time.perf_counter()
-            batch_loss, batch_correct = steps.train_step(batch)
-            # Reading the results on the host waits for the step to finish on every replica.
-            loss_sum += float(batch_loss)
-            correct += float(batch_correct)
-            timer.record(fetched - started, time.perf_counter() - fetched)
-            profiler.on_step_end(epoch * steps_per_epoch + step)
-            progress.on_step_end(epoch, step)
-            STOP.check()
-        progress.on_epoch_end(epoch)
-        num_examples = steps_per_epoch * examples_per_step
-        metrics = {"loss": loss_sum / num_examples, "accuracy": correct / num_examples}
-        metrics.update(evaluate(steps, distributed_validation, num_validation_examples))
-        on_epoch_end(epoch, metrics)
-    return metrics
+    metrics = EpochMetrics(steps, distributed_validation)
+    step = lambda batch: read_on_host(steps.train_step(batch))  # noqa: E731
+    timed_loop(train_iterator, step, plan.epochs, plan.steps_per_epoch, [metrics, *hooks])
+    return metrics.last

@@ -39,7 +39,7 @@ def mlflow_uri(tmp_path_factory):
 @pytest.fixture
 def run_experiment(tmp_path, mlflow_uri, request):
     """Compose, validate and run an experiment in this process; returns its Summary."""
-    from bwopt.runner import run
+    from bwopt.run import run
 
     def _run(*overrides, experiment=None):
         experiment = experiment or request.node.name

@@ -93,7 +93,7 @@ def test_config_folder_is_found_from_an_installed_wheel(tmp_path):
         [
             sys.executable,
             "-c",
-            "import bwopt.runner, bwopt.data.tfrecord, bwopt.measure.ceilings\n"
+            "import bwopt.run, bwopt.data.tfrecord, bwopt.measure.ceilings\n"
             "from bwopt.app import config_dir\n"
             "print(config_dir())",
         ],

@@ -16,6 +16,7 @@ from conftest import compose_config
 
 from bwopt.app import validate
 from bwopt.data.sources import load_artificial
+from bwopt.loop import Hook
 from bwopt.measure import StepTimer
 from bwopt.pipeline import build_dataset, file_elements
 
@@ -97,26 +98,15 @@ def test_input_mode_measures_the_pipeline_alone(run_experiment, input_s_per_batc
     )
 
 
-class WallClock:
-    """A progress-bar stand-in that reads the clock when the epoch's first step starts and
-    when its last step has ended: an independent measurement of the timed loop."""
+class WallClock(Hook):
+    """Reads the clock when the epoch's first step starts and when its last step has ended: an
+    independent measurement of the timed loop."""
 
     def on_epoch_begin(self, epoch):
         self.started = time.perf_counter()
 
-    def on_step_end(self, epoch, step):
-        pass
-
-    def on_epoch_end(self, epoch):
+    def on_step_end(self, step, record):
         self.ended = time.perf_counter()
-
-
-class NoProfiler:
-    def on_step_begin(self, step):
-        pass
-
-    def on_step_end(self, step):
-        pass
 
 
 def test_reported_throughput_matches_the_loops_wall_clock():
@@ -124,12 +114,12 @@ def test_reported_throughput_matches_the_loops_wall_clock():
     import tensorflow as tf
 
     from bwopt.data.sources import load_digits
-    from bwopt.measure import timing_figures
+    from bwopt.measure import StepPlan, timing_figures
     from bwopt.pipeline import array_elements
     from bwopt.train import make_step_functions, train
 
     config = validate(compose_config())
-    source = load_digits(None, seed=0)
+    source = load_digits()
     strategy = tf.distribute.get_strategy()
     model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
     optimizer = keras.optimizers.SGD(0.01)
@@ -140,20 +130,10 @@ def test_reported_throughput_matches_the_loops_wall_clock():
         return build_dataset(config.pipeline, elements, 64, training=training, seed=0)
 
     timer, clock = StepTimer(), WallClock()
-    train(
-        steps,
-        iter(dataset(True)),
-        dataset(False),
-        epochs=1,
-        steps_per_epoch=200,
-        examples_per_step=64,
-        num_validation_examples=source.num_examples,
-        timer=timer,
-        on_epoch_end=lambda *_: None,
-        progress=clock,
-        profiler=NoProfiler(),
-    )
-    figures = timing_figures(timer, warmup_steps=0, examples_per_step=64, bytes_per_step=64 * 260)
+    plan = StepPlan(epochs=1, steps_per_epoch=200, warmup_steps=0)
+    metrics = train(steps, iter(dataset(True)), dataset(False), plan, [timer, clock])
+    assert set(metrics) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    figures = timing_figures(timer, plan, examples_per_step=64, bytes_per_step=64 * 260)
     wall_s = clock.ended - clock.started
     assert figures.timed_wall_s <= wall_s
     assert figures.throughput_examples_per_s == pytest.approx(200 * 64 / wall_s, rel=0.03)

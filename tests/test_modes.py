@@ -100,7 +100,7 @@ def test_user_tfrecord_files_are_a_data_source(run_experiment, tmp_path):
     from bwopt.data.sources import load_digits
     from bwopt.data.tfrecord import materialise
 
-    digits = load_digits(None, seed=0)
+    digits = load_digits()
     files = materialise(digits.features, digits.labels, tmp_path, num_shards=5, compression="ZLIB")
     pattern = str(Path(files.paths[0]).parent / "*")
     summary = run_experiment(
@@ -140,7 +140,7 @@ def test_per_replica_batches_from_the_input_context(devices):
     config = validate(
         compose_config(["strategy=mirrored", "pipeline.distribute.method=distribute_datasets_from_function"])
     )
-    source = load_digits(None, seed=0)
+    source = load_digits()
     inputs = Inputs(config, source, plan(config, source))
     strategy = tf.distribute.MirroredStrategy(devices.device_names)
     batch = next(iter(distribute_input(strategy, config.pipeline.distribute, lambda c: inputs.dataset(True, c))))
@@ -157,7 +157,7 @@ def test_worker_shards_of_the_input_are_disjoint_and_cover_the_split():
     from bwopt.inputs import Inputs, plan
 
     config = validate(compose_config())
-    source = load_digits(None, seed=0)
+    source = load_digits()
     sizes = plan(config, source)
     inputs = Inputs(config, source, sizes)
     parts = [[int(label) for _, label in inputs.elements(True, 2, index)] for index in range(2)]
@@ -209,7 +209,7 @@ def test_input_options_reach_the_distributed_dataset(devices, fetch_to_device):
             ]
         )
     )
-    source = load_digits(None, seed=0)
+    source = load_digits()
     inputs = Inputs(config, source, plan(config, source))
     strategy = tf.distribute.MirroredStrategy(devices.device_names)
     distributed = distribute_input(strategy, config.pipeline.distribute, lambda c: inputs.dataset(True, c))

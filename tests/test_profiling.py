@@ -38,7 +38,7 @@ def run_steps(profiler: StepProfiler, num_steps: int) -> None:
 
 
 def test_trace_holds_exactly_the_chosen_steps(tmp_path):
-    profiler = StepProfiler(str(tmp_path), start_step=2, num_steps=2)
+    profiler = StepProfiler(str(tmp_path), (2, 3))
     run_steps(profiler, 6)
     assert not profiler.running
     (trace,) = (tmp_path / "plugins" / "profile").glob("*/*.xplane.pb")
@@ -46,12 +46,12 @@ def test_trace_holds_exactly_the_chosen_steps(tmp_path):
 
 
 def test_close_writes_a_trace_cut_short_and_zero_steps_trace_nothing(tmp_path):
-    cut_short = StepProfiler(str(tmp_path / "cut"), start_step=1, num_steps=100)
+    cut_short = StepProfiler(str(tmp_path / "cut"), tuple(range(1, 101)))
     run_steps(cut_short, 3)
     assert cut_short.running
-    cut_short.close()
+    cut_short.on_loop_end()  # the loop ended (or raised) inside the range
     (trace,) = (tmp_path / "cut" / "plugins" / "profile").glob("*/*.xplane.pb")
     assert traced_step_numbers(trace) == [1, 2]
 
-    run_steps(StepProfiler(str(tmp_path / "off"), start_step=0, num_steps=0), 2)
+    run_steps(StepProfiler(str(tmp_path / "off"), ()), 2)
     assert not (tmp_path / "off").exists()

@@ -27,8 +27,8 @@ def run_bar(stream, clock, epochs=2, steps_per_epoch=5):
         bar.on_epoch_begin(epoch)
         for step in range(steps_per_epoch):
             clock.now += 0.010
-            bar.on_step_end(epoch, step)
-        bar.on_epoch_end(epoch)
+            bar.on_step_end(epoch * steps_per_epoch + step)
+        bar.on_epoch_end(epoch, {})
     return bar
 
 
@@ -56,7 +56,7 @@ def test_progress_bar_redraws_at_most_every_interval_and_always_at_epoch_end():
     bar = ProgressBar(1, 100, examples_per_step=10, stream=stream, min_interval_s=0.1, clock=clock)
     for step in range(100):
         clock.now += 0.004  # 100 steps of 4 ms: 0.4 s, so a redraw about every 25 steps
-        bar.on_step_end(0, step)
+        bar.on_step_end(step)
     lines = [line for line in stream.getvalue().split("\r") if line]
     assert 4 <= len(lines) <= 5
     assert lines[-1].startswith("epoch 1/1  step 100/100")

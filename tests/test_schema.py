@@ -136,3 +136,55 @@ def test_validation_and_help_do_not_import_tensorflow(tmp_path):
     result = run_bwopt("--help", cwd=tmp_path, timeout=60)
     assert result.returncode == 0
     assert "pipeline: default, naive, tuned" in result.stdout
+
+
+def test_every_choice_list_and_its_builder_table_agree():
+    """Names live in the schema, builders in their modules: adding an option to one alone fails here."""
+    from bwopt import devices, models, modes, strategies, tracking
+    from bwopt.data import records, service, sources, split
+    from bwopt.schema import (
+        CROSS_DEVICE_OPS,
+        MODES,
+        OPTIMIZERS,
+        SCHEMAS,
+        SERVICE_COMPRESSIONS,
+        SERVICE_PROCESSING_MODES,
+        SPLITS,
+        TFRECORD_COMPRESSIONS,
+    )
+
+    groups = {
+        "data": {**sources.ARRAY_SOURCES, **sources.FILE_SOURCES},
+        "device": devices.TARGETS,
+        "strategy": strategies.STRATEGIES,
+        "model": models.MODELS,
+        "tracking": tracking.TRACKERS,
+    }
+    for group, builders in groups.items():
+        assert set(builders) == set(SCHEMAS[group]) == set(options(group)), group
+    assert set(SPLITS) == set(split.HOLD_OUTS) == set(split.SHARDINGS) == set(options("split"))
+    assert set(MODES) == set(modes.MODES)
+    assert set(OPTIMIZERS) == set(models.OPTIMIZERS)
+    assert set(TFRECORD_COMPRESSIONS) == set(records.OPENERS)
+    assert set(SERVICE_PROCESSING_MODES) == set(service.SHARDING_POLICIES)
+    assert set(SERVICE_COMPRESSIONS) == set(service.ELEMENT_COMPRESSIONS)
+    import inspect
+
+    assert set(CROSS_DEVICE_OPS) <= set(inspect.getsource(strategies.build_mirrored).split('"'))
+
+
+def test_group_yamls_carry_only_the_keys_of_their_option():
+    import yaml
+
+    for option in options("strategy"):
+        keys = set(yaml.safe_load((Path(config_dir()) / "strategy" / f"{option}.yaml").read_text())) - {"defaults"}
+        fields = set(SCHEMAS_FIELDS("strategy", option))
+        assert keys == fields, option
+
+
+def SCHEMAS_FIELDS(group, option):
+    import dataclasses
+
+    from bwopt.schema import SCHEMAS
+
+    return [field.name for field in dataclasses.fields(SCHEMAS[group][option])]

@@ -8,13 +8,11 @@ from pathlib import Path
 
 def open_records(path: str, compression: str):
     """A binary stream of the uncompressed record data."""
-    if compression == "GZIP":
-        return gzip.open(path, "rb")
-    if compression == "ZLIB":
-        return _ZlibReader(Path(path).read_bytes())
-    if compression == "NONE":
-        return open(path, "rb")
-    raise ValueError(f"compression={compression!r}; expected one of: NONE, GZIP, ZLIB")
+    try:
+        opener = OPENERS[compression]
+    except KeyError:
+        raise ValueError(f"compression={compression!r}; expected one of: {', '.join(OPENERS)}") from None
+    return opener(path)
 
 
 class _ZlibReader:
@@ -49,3 +47,11 @@ def count_records(path: str, compression: str = "NONE") -> int:
             (length,) = struct.unpack("<Q", header[:8])
             stream.seek(length + 4, 1)
             count += 1
+
+
+# Keyed by bwopt.schema.TFRECORD_COMPRESSIONS.
+OPENERS = {
+    "NONE": lambda path: open(path, "rb"),
+    "GZIP": lambda path: gzip.open(path, "rb"),
+    "ZLIB": lambda path: _ZlibReader(Path(path).read_bytes()),
+}

@@ -14,8 +14,8 @@ import socket
 import time
 from typing import Dict, List, Optional
 
-PROCESSING_MODES: Dict[str, str] = {
-    # The two legacy names, and every tf.data.experimental.service.ShardingPolicy in lower case.
+# Keyed by bwopt.schema.SERVICE_PROCESSING_MODES: the ShardingPolicy each one means.
+SHARDING_POLICIES: Dict[str, str] = {
     "parallel_epochs": "OFF",
     "distributed_epoch": "DYNAMIC",
     "off": "OFF",
@@ -25,9 +25,9 @@ PROCESSING_MODES: Dict[str, str] = {
     "file_or_data": "FILE_OR_DATA",
     "hint": "HINT",
 }
-# distribute()'s `compression` argument in TF 2.21: "AUTO" (snappy when the client and the
-# worker are on different hosts), None (off) or "SNAPPY" (always).
-COMPRESSIONS: Dict[str, Optional[str]] = {"AUTO": "AUTO", "NONE": None, "SNAPPY": "SNAPPY"}
+# Keyed by bwopt.schema.SERVICE_COMPRESSIONS: distribute()'s `compression` argument in TF 2.21,
+# "AUTO" (snappy when the client and the worker are on different hosts), None (off) or "SNAPPY" (always).
+ELEMENT_COMPRESSIONS: Dict[str, Optional[str]] = {"AUTO": "AUTO", "NONE": None, "SNAPPY": "SNAPPY"}
 LOOPBACK_HOST = "127.0.0.1"
 
 
@@ -164,18 +164,19 @@ def distribute(dataset, service_address: str, processing_mode: str, job_name: Op
     Raises:
         ValueError: on an unknown processing mode or compression, listing the choices.
     """
-    if processing_mode not in PROCESSING_MODES:
-        raise ValueError(f"unknown processing_mode {processing_mode!r}; expected one of: {', '.join(PROCESSING_MODES)}")
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"unknown compression {compression!r}; expected one of: {', '.join(COMPRESSIONS)}")
+    if processing_mode not in SHARDING_POLICIES:
+        choices = ", ".join(SHARDING_POLICIES)
+        raise ValueError(f"unknown processing_mode {processing_mode!r}; expected one of: {choices}")
+    if compression not in ELEMENT_COMPRESSIONS:
+        raise ValueError(f"unknown compression {compression!r}; expected one of: {', '.join(ELEMENT_COMPRESSIONS)}")
     import tensorflow as tf
 
     service = tf.data.experimental.service
     return dataset.apply(
         service.distribute(
-            processing_mode=service.ShardingPolicy[PROCESSING_MODES[processing_mode]],
+            processing_mode=service.ShardingPolicy[SHARDING_POLICIES[processing_mode]],
             service=service_address,
             job_name=job_name,
-            compression=COMPRESSIONS[compression],
+            compression=ELEMENT_COMPRESSIONS[compression],
         )
     )

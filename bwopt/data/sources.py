@@ -42,10 +42,6 @@ class ArraySource:
         return self.features.dtype.name
 
     @property
-    def num_examples(self) -> int:
-        return len(self.labels)
-
-    @property
     def value_range(self) -> Tuple[float, float]:
         return float(self.features.min()), float(self.features.max())
 
@@ -74,7 +70,7 @@ class FileSource:
     value_range: Optional[Tuple[float, float]] = None
 
 
-def load_digits(config, seed: int) -> ArraySource:
+def load_digits() -> ArraySource:
     """scikit-learn's bundled digits: 8x8 images with 17 grey levels (0..16)."""
     from sklearn.datasets import load_digits as sklearn_digits
 
@@ -182,7 +178,7 @@ def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
     )
 
 
-ARRAY_SOURCES: Dict[str, Callable] = {"digits": load_digits, "synthetic": load_synthetic}
+ARRAY_SOURCES: Dict[str, Callable] = {"digits": lambda config, seed: load_digits(), "synthetic": load_synthetic}
 FILE_SOURCES: Dict[str, Callable] = {"artificial": load_artificial, "tfrecord": load_tfrecord}
 
 

@@ -13,8 +13,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from bwopt.pipeline import tf_count
-from bwopt.schema import AUTOTUNE, COMPRESSIONS
+from bwopt.data.records import OPENERS
+from bwopt.schema import AUTOTUNE
 
 MANIFEST = "manifest.json"
 # Examples per batch when timing a read pass; large enough that per-batch Python cost is noise.
@@ -87,8 +87,8 @@ def materialise(
 
 
 def _check_inputs(features: np.ndarray, labels: np.ndarray, num_shards: int, compression: str) -> None:
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"unknown compression {compression!r}; expected one of: {', '.join(COMPRESSIONS)}")
+    if compression not in OPENERS:
+        raise ValueError(f"unknown compression {compression!r}; expected one of: {', '.join(OPENERS)}")
     if labels.ndim != 1 or len(labels) != len(features):
         raise ValueError(f"labels must have shape ({len(features)},) to match the features; got {labels.shape}")
     if not np.issubdtype(labels.dtype, np.integer):
@@ -170,6 +170,13 @@ def load(folder: Path) -> TFRecordFiles:
         bytes_on_disk=sum(os.path.getsize(path) for path in paths),
         raw_bytes=manifest["raw_bytes"],
     )
+
+
+def tf_count(value):
+    """A count from config: 'autotune' becomes tf.data.AUTOTUNE (bwopt.pipeline uses it too)."""
+    import tensorflow as tf
+
+    return tf.data.AUTOTUNE if value == AUTOTUNE else value
 
 
 def tf_compression(compression: str) -> str:

@@ -10,7 +10,7 @@ Nothing here imports TensorFlow at module level.
 """
 
 from bwopt.measure.advice import Ceilings, efficiency, pipeline_knobs_off, recommend
-from bwopt.measure.ceilings import compute_ceiling, input_ceiling, wait_for_batch
+from bwopt.measure.ceilings import compute_ceiling, input_ceiling, read_on_host, wait_for_batch
 from bwopt.measure.host import (
     host_memcpy_bandwidth_bytes_per_s,
     peak_device_memory_bytes,
@@ -23,12 +23,11 @@ from bwopt.measure.timing import (
     HIGHLY_INPUT_BOUND,
     MAD_TO_SIGMA,
     MODERATELY_INPUT_BOUND,
+    StepPlan,
     StepTimer,
     TimingFigures,
-    excluded_steps,
     input_bound_verdict,
     jitter,
-    timed_steps,
     timing_figures,
 )
 
@@ -38,11 +37,11 @@ __all__ = [
     "InferenceFigures",
     "MAD_TO_SIGMA",
     "MODERATELY_INPUT_BOUND",
+    "StepPlan",
     "StepTimer",
     "TimingFigures",
     "compute_ceiling",
     "efficiency",
-    "excluded_steps",
     "host_memcpy_bandwidth_bytes_per_s",
     "input_bound_verdict",
     "input_ceiling",
@@ -51,10 +50,10 @@ __all__ = [
     "peak_device_memory_bytes",
     "peak_host_rss_bytes",
     "pipeline_knobs_off",
+    "read_on_host",
     "recommend",
     "reset_device_memory_peaks",
     "reset_peak_host_rss",
-    "timed_steps",
     "timing_figures",
     "wait_for_batch",
 ]

@@ -6,10 +6,13 @@ overlap of input and compute would reach (see `bwopt.measure.efficiency`). Both 
 (tracing, autotuning, buffer fill), and divide the examples of the timed steps by their wall time.
 """
 
-import time
+import itertools
 from typing import Callable, Iterable, Tuple
 
 import numpy as np
+
+from bwopt.loop import timed_loop
+from bwopt.measure.timing import StepPlan, StepTimer, timing_figures
 
 
 def compute_ceiling(
@@ -17,20 +20,22 @@ def compute_ceiling(
 ) -> float:
     """Examples/s of the compiled distributed train step alone, with no input wait.
 
-    Timed: `num_steps` calls of `train_step(distributed_batch)` on the same batch, one already
-    produced by the distributed iterator (so already on the replicas' devices), each call
-    synchronised like `bwopt.train.train` does, by reading all its results on the host.
-    Excluded: the `warmup_steps` calls before (tracing, XLA compilation); no `next()` is timed.
+    Timed: the compute part of `num_steps` steps of the timed loop (`bwopt.loop`) that calls
+    `train_step(distributed_batch)` on the same batch, one already on the replicas' devices, each
+    call synchronised like training steps are, by reading all its results on the host; the
+    ceiling is their examples / the sum of their compute times, so no `next()` is timed.
+    Excluded: the `warmup_steps` calls before (tracing, XLA compilation).
 
     The step is the real one, so each call applies an optimizer update: measure on a model whose
     weights may change (after training, or a copy), never in the middle of a measured run.
     """
-    for _ in range(warmup_steps):
-        _read_on_host(train_step(distributed_batch))
-    started = time.perf_counter()
-    for _ in range(num_steps):
-        _read_on_host(train_step(distributed_batch))
-    return num_steps * examples_per_step / (time.perf_counter() - started)
+    timer = StepTimer()
+    plan = StepPlan(1, warmup_steps + num_steps, warmup_steps)
+    timed_loop(
+        itertools.repeat(distributed_batch), lambda batch: read_on_host(train_step(batch)), 1, plan.num_steps, [timer]
+    )
+    compute_s = np.asarray(timer.compute_s)[plan.timed()]
+    return num_steps * examples_per_step / float(compute_s.sum())
 
 
 def input_ceiling(
@@ -42,34 +47,27 @@ def input_ceiling(
 ) -> Tuple[float, float]:
     """(examples/s, bytes/s) of the distributed input pipeline alone, no training.
 
-    Timed: `num_steps` calls of `next()` on the distributed iterator, each followed by
-    `wait_for_batch`, which waits until every per-replica tensor is really there (on a GPU,
-    `next()` may return before the copy to the device has finished) without copying the batch
-    back: about a microsecond per tensor on a CPU device, two small eager ops per tensor and
-    replica on a GPU or TPU, included in the time. Excluded: the `warmup_steps` batches before
-    (autotuning, prefetch and cache fill). `bytes_per_step` is the bytes of one global batch as
-    transferred, features plus labels.
+    Timed: `num_steps` steps of the timed loop (`bwopt.loop`) whose step is `wait_for_batch`,
+    which waits until every per-replica tensor is really there (on a GPU, `next()` may return
+    before the copy to the device has finished) without copying the batch back: about a
+    microsecond per tensor on a CPU device, two small eager ops per tensor and replica on a GPU
+    or TPU, included in the time. Excluded: the `warmup_steps` batches before (autotuning,
+    prefetch and cache fill). `bytes_per_step` is the bytes of one global batch as transferred,
+    features plus labels.
 
     Raises:
         ValueError: when the dataset ends before `warmup_steps + num_steps` batches.
     """
-    iterator = iter(distributed_dataset_or_iterator)
-    for _ in range(warmup_steps):
-        wait_for_batch(_next_batch(iterator, warmup_steps + num_steps))
-    started = time.perf_counter()
-    for _ in range(num_steps):
-        wait_for_batch(_next_batch(iterator, warmup_steps + num_steps))
-    wall_s = time.perf_counter() - started
-    return num_steps * examples_per_step / wall_s, num_steps * bytes_per_step / wall_s
-
-
-def _next_batch(iterator, num_needed: int):
+    timer = StepTimer()
+    plan = StepPlan(1, warmup_steps + num_steps, warmup_steps)
     try:
-        return next(iterator)
+        timed_loop(iter(distributed_dataset_or_iterator), wait_for_batch, 1, plan.num_steps, [timer])
     except StopIteration:
         raise ValueError(
-            f"the dataset ended before the {num_needed} batches the input ceiling needs; repeat it"
+            f"the dataset ended before the {plan.num_steps} batches the input ceiling needs; repeat it"
         ) from None
+    figures = timing_figures(timer, plan, examples_per_step, bytes_per_step)
+    return figures.throughput_examples_per_s, figures.throughput_bytes_per_s
 
 
 def wait_for_batch(batch) -> None:
@@ -89,9 +87,8 @@ def wait_for_batch(batch) -> None:
             np.asarray(tf.reshape(tensor, [-1])[:1])
 
 
-def _read_on_host(results) -> None:
-    """Copy every result tensor (per-replica ones expanded) to the host, waiting for the step."""
+def read_on_host(results) -> list:
+    """Every result tensor (per-replica ones expanded) as host values, which waits for the step."""
     import tensorflow as tf
 
-    for tensor in tf.nest.flatten(results, expand_composites=True):
-        np.asarray(tensor)
+    return [np.asarray(tensor) for tensor in tf.nest.flatten(results, expand_composites=True)]

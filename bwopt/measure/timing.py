@@ -8,7 +8,7 @@ A training step is timed in two parts on the host's monotonic clock (`time.perf_
   reads them, so the step has finished on every replica).
 
 Step time is their sum. Steps run back to back, so the sum of the step times of the timed steps
-is the wall time they took. Excluded from every figure (see `excluded_steps`): the first
+is the wall time they took. Which steps are timed is a `StepPlan`: excluded are the first
 `warmup_steps` steps (tracing, autotuning, cache fill); the first `epoch_warmup_steps` steps of
 every later epoch, because the input pipeline keeps filling its buffers during the validation pass
 between epochs, so those steps would get their batches for free; and steps a profiler traced.
@@ -16,9 +16,11 @@ Validation itself is not part of any step.
 """
 
 from dataclasses import asdict, dataclass, field
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from bwopt.loop import Hook, StepRecord
 
 # TensorFlow Profiler's input-pipeline analyzer thresholds on the input-wait fraction.
 MODERATELY_INPUT_BOUND = 0.05
@@ -29,8 +31,8 @@ MAD_TO_SIGMA = 1.4826
 
 
 @dataclass
-class StepTimer:
-    """Per-step input-wait and compute times, in seconds, in step order."""
+class StepTimer(Hook):
+    """Per-step input-wait and compute times, in seconds, in step order: a hook of the timed loop."""
 
     input_wait_s: List[float] = field(default_factory=list)
     compute_s: List[float] = field(default_factory=list)
@@ -38,6 +40,9 @@ class StepTimer:
     def record(self, input_wait_s: float, compute_s: float) -> None:
         self.input_wait_s.append(input_wait_s)
         self.compute_s.append(compute_s)
+
+    def on_step_end(self, step: int, record: StepRecord) -> None:
+        self.record(record.input_wait_s, record.compute_s)
 
     @property
     def num_steps(self) -> int:
@@ -92,42 +97,52 @@ def jitter(values: Sequence[float]) -> float:
     return float(MAD_TO_SIGMA * np.median(np.abs(values - np.median(values))))
 
 
-def excluded_steps(epochs: int, steps_per_epoch: int, epoch_warmup_steps: int, profiled: Sequence[int] = ()) -> set:
-    """Indices of the steps after the initial warm-up that the figures leave out.
+@dataclass(frozen=True)
+class StepPlan:
+    """Which steps of a loop of `epochs` x `steps_per_epoch` steps the figures are computed from.
 
-    The first `epoch_warmup_steps` of every epoch after the first (the pipeline filled its
-    buffers during validation), and the `profiled` steps (tracing slows them).
+    Attributes:
+        epochs, steps_per_epoch: the loop's shape.
+        warmup_steps: the first steps of the loop, left out (tracing, autotuning, cache fill).
+        epoch_warmup_steps: the first steps of every epoch after the first, left out (the
+            pipeline refilled its buffers during validation, so they get their batches for free).
+        profiled: steps a profiler traced, left out (tracing slows them).
     """
-    first_steps = range(min(epoch_warmup_steps, steps_per_epoch))
-    epoch_starts = {epoch * steps_per_epoch + step for epoch in range(1, epochs) for step in first_steps}
-    return epoch_starts | set(profiled)
+
+    epochs: int
+    steps_per_epoch: int
+    warmup_steps: int
+    epoch_warmup_steps: int = 0
+    profiled: Tuple[int, ...] = ()
+
+    @property
+    def num_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    def excluded(self) -> set:
+        """Steps after the initial warm-up that are left out: later epochs' first steps, profiled steps."""
+        first_steps = range(min(self.epoch_warmup_steps, self.steps_per_epoch))
+        epoch_starts = {epoch * self.steps_per_epoch + step for epoch in range(1, self.epochs) for step in first_steps}
+        return epoch_starts | set(self.profiled)
+
+    def timed(self, num_steps_run: Optional[int] = None) -> List[int]:
+        """Indices of the timed steps among the first `num_steps_run` (all steps when None)."""
+        end = self.num_steps if num_steps_run is None else min(num_steps_run, self.num_steps)
+        excluded = self.excluded()
+        return [index for index in range(self.warmup_steps, end) if index not in excluded]
 
 
-def timed_steps(num_steps: int, warmup_steps: int, excluded: Sequence[int] = ()) -> List[int]:
-    """Indices of the steps the figures are computed from, out of `num_steps`."""
-    skipped = set(excluded)
-    return [index for index in range(warmup_steps, num_steps) if index not in skipped]
-
-
-def timing_figures(
-    timer: StepTimer,
-    warmup_steps: int,
-    examples_per_step: int,
-    bytes_per_step: int,
-    excluded: Sequence[int] = (),
-) -> TimingFigures:
-    """Summarise the steps after the first `warmup_steps`, less the `excluded` ones.
-
-    `excluded` holds step indices left out like warm-up, e.g. the steps a profiler traced.
+def timing_figures(timer: StepTimer, plan: StepPlan, examples_per_step: int, bytes_per_step: int) -> TimingFigures:
+    """Summarise the steps of `timer` that `plan` times (those that ran, when the loop stopped early).
 
     Raises:
-        ValueError: when no step is left after the warm-up.
+        ValueError: when none of the steps that ran is timed.
     """
-    kept = timed_steps(timer.num_steps, warmup_steps, excluded)
+    kept = plan.timed(timer.num_steps)
     input_wait = np.asarray(timer.input_wait_s, dtype=np.float64)[kept]
     step = input_wait + np.asarray(timer.compute_s, dtype=np.float64)[kept]
     if len(step) == 0:
-        raise ValueError(f"no step was timed: {timer.num_steps} steps ran, {warmup_steps} are warm-up")
+        raise ValueError(f"no step was timed: {timer.num_steps} steps ran, the first {plan.warmup_steps} are warm-up")
     wall_s = float(step.sum())
     fraction = float(input_wait.sum() / wall_s)
     p50, p90, p99 = np.percentile(step, [50, 90, 99])
@@ -143,6 +158,3 @@ def timing_figures(
         input_wait_fraction=fraction,
         input_bound_verdict=input_bound_verdict(fraction),
     )
-
-
-# ---- Host and device memory -------------------------------------------------------------------

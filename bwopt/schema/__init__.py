@@ -15,8 +15,8 @@ from omegaconf import MISSING
 
 from bwopt.schema.checks import (
     AUTOTUNE,
-    COMPRESSIONS,
     PRECISIONS,
+    TFRECORD_COMPRESSIONS,
     TRANSFER_DTYPES,
     ConfigError,
     check_at_least,
@@ -24,11 +24,23 @@ from bwopt.schema.checks import (
     check_fraction,
     check_int_or_autotune,
 )
-from bwopt.schema.data import ArtificialData, DataConfig, DigitsData, SplitConfig, SyntheticData, TFRecordData
-from bwopt.schema.devices import STRATEGIES, CpuDevice, DeviceConfig, GpuDevice, StrategyConfig, TpuDevice
+from bwopt.schema.data import SPLITS, ArtificialData, DataConfig, DigitsData, SplitConfig, SyntheticData, TFRecordData
+from bwopt.schema.devices import (
+    CROSS_DEVICE_OPS,
+    CpuDevice,
+    DefaultStrategy,
+    DeviceConfig,
+    GpuDevice,
+    MirroredStrategy,
+    OneDeviceStrategy,
+    StrategyConfig,
+    TpuDevice,
+    TpuStrategy,
+)
 from bwopt.schema.models import CnnModel, MlpModel, ModelConfig
 from bwopt.schema.pipeline import (
     AUTO_SHARD_POLICIES,
+    SERVICE_COMPRESSIONS,
     SERVICE_PROCESSING_MODES,
     DataServiceConfig,
     DistributeInputConfig,
@@ -44,7 +56,7 @@ __all__ = [
     "AUTOTUNE",
     "AUTO_SHARD_POLICIES",
     "ArtificialData",
-    "COMPRESSIONS",
+    "CROSS_DEVICE_OPS",
     "CnnModel",
     "Config",
     "ConfigError",
@@ -66,13 +78,16 @@ __all__ = [
     "PRECISIONS",
     "PipelineConfig",
     "SCHEMAS",
+    "OPTIMIZERS",
+    "SERVICE_COMPRESSIONS",
     "SERVICE_PROCESSING_MODES",
-    "STRATEGIES",
+    "SPLITS",
     "SnapshotConfig",
     "SplitConfig",
     "StrategyConfig",
     "SyntheticData",
     "TFRecordConfig",
+    "TFRECORD_COMPRESSIONS",
     "TFRecordData",
     "TRANSFER_DTYPES",
     "TpuDevice",
@@ -90,6 +105,13 @@ __all__ = [
 
 
 # --- run --------------------------------------------------------------------
+
+# Each choice list lives here once, as names; the module that builds the choice keys its table
+# of builders by the same names (tests/test_schema.py checks that they agree).
+OPTIMIZERS = ("adam", "sgd", "rmsprop")
+# train: the timed training run; input: iterate the distributed dataset alone (the input
+# ceiling); inference: forward passes of a freshly built model (bwopt.modes).
+MODES = ("train", "input", "inference")
 
 
 @dataclass
@@ -115,7 +137,7 @@ class TrainConfig:
             check_at_least("train.epoch_warmup_steps", self.epoch_warmup_steps, 0)
         if self.steps_per_epoch is not None:
             check_at_least("train.steps_per_epoch", self.steps_per_epoch, 1)
-        check_choice("train.optimizer", self.optimizer, ("adam", "sgd", "rmsprop"))
+        check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
         if self.learning_rate <= 0:
             raise ConfigError(f"train.learning_rate={self.learning_rate!r}; expected a value > 0")
 
@@ -151,13 +173,8 @@ class MeasureConfig:
         check_at_least("measure.profile_num_steps", self.profile_num_steps, 0)
 
 
-MODES = ("train", "input", "inference")
-
-
 @dataclass
 class Config:
-    # train: the timed training run; input: iterate the distributed dataset alone (the input
-    # ceiling); inference: forward passes of a freshly built model.
     mode: str = "train"
     data: Any = MISSING
     split: Any = MISSING
@@ -211,6 +228,8 @@ def check_valid_combination(config: Config) -> None:
         check_batch_divisible(config, config.num_replicas)
     if config.mode != "train" and config.measure.ceilings:
         raise ConfigError(f"measure.ceilings=true needs mode=train (mode={config.mode} measures no training step)")
+    if config.mode == "inference" and not config.measure.inference_batch_sizes:
+        raise ConfigError("mode=inference needs measure.inference_batch_sizes, e.g. [1,32,256]")
     if config.mode == "input" and config.measure.inference_batch_sizes:
         raise ConfigError("measure.inference_batch_sizes needs mode=train or mode=inference, not mode=input")
 
@@ -234,7 +253,12 @@ SCHEMAS = {
     "split": {"uniform": SplitConfig, "stratified": SplitConfig},
     "pipeline": {"base": PipelineConfig},
     "device": {"cpu": CpuDevice, "gpu": GpuDevice, "tpu": TpuDevice},
-    "strategy": {"base": StrategyConfig},
+    "strategy": {
+        "default": DefaultStrategy,
+        "one_device": OneDeviceStrategy,
+        "mirrored": MirroredStrategy,
+        "tpu": TpuStrategy,
+    },
     "model": {"mlp": MlpModel, "cnn": CnnModel},
     "tracking": {"mlflow": MlflowTracking, "none": NoTracking},
 }

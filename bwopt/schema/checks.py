@@ -5,7 +5,8 @@ from typing import Any
 AUTOTUNE = "autotune"
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 TRANSFER_DTYPES = ("uint8", "bfloat16", "float16", "float32")
-COMPRESSIONS = ("NONE", "GZIP", "ZLIB")
+# How TFRecord files are compressed (bwopt.data.records reads each).
+TFRECORD_COMPRESSIONS = ("NONE", "GZIP", "ZLIB")
 
 
 class ConfigError(ValueError):

@@ -5,7 +5,7 @@ from typing import List
 
 from omegaconf import MISSING
 
-from bwopt.schema.checks import COMPRESSIONS, ConfigError, check_at_least, check_choice, check_fraction
+from bwopt.schema.checks import TFRECORD_COMPRESSIONS, ConfigError, check_at_least, check_choice, check_fraction
 
 # --- data -------------------------------------------------------------------
 
@@ -88,12 +88,15 @@ class TFRecordData(DataConfig):
     feature_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        check_choice("data.compression", self.compression, COMPRESSIONS)
+        check_choice("data.compression", self.compression, TFRECORD_COMPRESSIONS)
         check_choice("data.feature_dtype", self.feature_dtype, ("uint8", "int32", "int64", "float16", "float32"))
         check_at_least("data.num_classes", self.num_classes, 2)
 
 
 # --- split ------------------------------------------------------------------
+
+# How examples are held out and sharded (bwopt.data.split builds each).
+SPLITS = ("uniform", "stratified")
 
 
 @dataclass
@@ -102,5 +105,5 @@ class SplitConfig:
     validation_fraction: float = 0.2
 
     def __post_init__(self) -> None:
-        check_choice("split.name", self.name, ("uniform", "stratified"))
+        check_choice("split.name", self.name, SPLITS)
         check_fraction("split.validation_fraction", self.validation_fraction)

@@ -68,21 +68,36 @@ class TpuDevice(DeviceConfig):
 
 # --- strategy ---------------------------------------------------------------
 
-STRATEGIES = ("default", "one_device", "mirrored", "tpu")
+# How mirrored all-reduces gradients across replicas (bwopt.strategies builds each).
+CROSS_DEVICE_OPS = ("auto", "reduction_to_one", "hierarchical_copy", "nccl")
 
 
 @dataclass
 class StrategyConfig:
     name: str = MISSING
-    # one_device: the device to place on; '' picks the first device of the target.
+
+
+@dataclass
+class DefaultStrategy(StrategyConfig):
+    name: str = "default"
+
+
+@dataclass
+class OneDeviceStrategy(StrategyConfig):
+    name: str = "one_device"
+    # The device to place on; '' picks the first device of the target.
     device: str = ""
-    # mirrored: how gradients are all-reduced across replicas.
+
+
+@dataclass
+class MirroredStrategy(StrategyConfig):
+    name: str = "mirrored"
     cross_device_ops: str = "auto"
 
     def __post_init__(self) -> None:
-        check_choice("strategy.name", self.name, STRATEGIES)
-        check_choice(
-            "strategy.cross_device_ops",
-            self.cross_device_ops,
-            ("auto", "reduction_to_one", "hierarchical_copy", "nccl"),
-        )
+        check_choice("strategy.cross_device_ops", self.cross_device_ops, CROSS_DEVICE_OPS)
+
+
+@dataclass
+class TpuStrategy(StrategyConfig):
+    name: str = "tpu"

@@ -7,7 +7,7 @@ from omegaconf import MISSING
 
 from bwopt.schema.checks import (
     AUTOTUNE,
-    COMPRESSIONS,
+    TFRECORD_COMPRESSIONS,
     TRANSFER_DTYPES,
     ConfigError,
     check_at_least,
@@ -18,6 +18,9 @@ from bwopt.schema.checks import (
 # --- pipeline ---------------------------------------------------------------
 
 AUTO_SHARD_POLICIES = ("AUTO", "OFF", "FILE", "DATA", "HINT")
+# How elements travel from tf.data service workers to the trainer (bwopt.data.service maps each).
+SERVICE_COMPRESSIONS = ("AUTO", "NONE", "SNAPPY")
+# The two legacy names, and every tf.data.experimental.service.ShardingPolicy in lower case.
 SERVICE_PROCESSING_MODES = (
     "parallel_epochs",
     "distributed_epoch",
@@ -63,7 +66,7 @@ class TFRecordConfig:
 
     def __post_init__(self) -> None:
         check_at_least("pipeline.tfrecord.num_shards", self.num_shards, 1)
-        check_choice("pipeline.tfrecord.compression", self.compression, COMPRESSIONS)
+        check_choice("pipeline.tfrecord.compression", self.compression, TFRECORD_COMPRESSIONS)
         check_int_or_autotune("pipeline.tfrecord.num_parallel_reads", self.num_parallel_reads, 1)
         if self.buffer_size_bytes is not None:
             check_at_least("pipeline.tfrecord.buffer_size_bytes", self.buffer_size_bytes, 1)
@@ -150,7 +153,7 @@ class DataServiceConfig:
     def __post_init__(self) -> None:
         check_choice("pipeline.service.mode", self.mode, ("off", "local", "remote"))
         check_choice("pipeline.service.processing_mode", self.processing_mode, SERVICE_PROCESSING_MODES)
-        check_choice("pipeline.service.compression", self.compression, ("AUTO", "NONE"))
+        check_choice("pipeline.service.compression", self.compression, SERVICE_COMPRESSIONS)
         check_at_least("pipeline.service.num_workers", self.num_workers, 1)
         if self.mode == "remote" and not self.address:
             raise ConfigError("pipeline.service.mode='remote' needs pipeline.service.address (grpc://host:port)")

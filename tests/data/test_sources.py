@@ -5,7 +5,7 @@ from bwopt.schema import SyntheticData
 
 
 def test_digits_are_the_bundled_8x8_images():
-    source = load_digits(None, seed=0)
+    source = load_digits()
     assert source.features.shape == (1797, 8, 8, 1)
     assert source.features.dtype == np.uint8 and source.features.max() == 16
     assert source.num_classes == 10 and source.feature_scale == 1 / 16

@@ -7,7 +7,7 @@ from bwopt.data.split import shard, train_validation_split
 
 @pytest.fixture(scope="module")
 def labels():
-    return load_digits(None, seed=0).labels
+    return load_digits().labels
 
 
 def class_counts(labels, num_classes=10):

@@ -9,16 +9,16 @@ import pytest
 
 from bwopt.data.sources import load_digits
 from bwopt.data.tfrecord import (
-    COMPRESSIONS,
     materialise,
     measure_read_throughput,
     read_dataset,
 )
+from bwopt.schema import TFRECORD_COMPRESSIONS as COMPRESSIONS
 
 
 @pytest.fixture(scope="module")
 def digits():
-    source = load_digits(None, seed=0)
+    source = load_digits()
     return source.features, source.labels
 
 

@@ -1,7 +1,11 @@
 import numpy as np
 import pytest
 
-from bwopt.measure import StepTimer, input_bound_verdict, jitter, timing_figures
+from bwopt.measure import StepPlan, StepTimer, input_bound_verdict, jitter, timing_figures
+
+
+def plan(num_steps, warmup_steps):
+    return StepPlan(1, num_steps, warmup_steps)
 
 
 def timer_of(input_wait, compute):
@@ -14,7 +18,7 @@ def timer_of(input_wait, compute):
 def test_figures_of_a_known_timeline():
     # Two warm-up steps that must not count, then steps of 10 ms with 2 ms input wait.
     timer = timer_of([5.0, 5.0] + [0.002] * 10, [5.0, 5.0] + [0.008] * 10)
-    figures = timing_figures(timer, warmup_steps=2, examples_per_step=32, bytes_per_step=32 * 100)
+    figures = timing_figures(timer, plan(12, 2), examples_per_step=32, bytes_per_step=32 * 100)
     assert figures.num_timed_steps == 10
     assert figures.timed_wall_s == pytest.approx(0.1)
     assert figures.throughput_examples_per_s == pytest.approx(3200.0)
@@ -29,7 +33,7 @@ def test_percentiles_match_numpy_and_ignore_warmup():
     rng = np.random.default_rng(0)
     steps = rng.exponential(0.01, size=500)
     timer = timer_of([100.0] + [0.0] * 500, [100.0] + list(steps))
-    figures = timing_figures(timer, warmup_steps=1, examples_per_step=1, bytes_per_step=1)
+    figures = timing_figures(timer, plan(501, 1), examples_per_step=1, bytes_per_step=1)
     assert figures.step_time_p50_s == pytest.approx(np.percentile(steps, 50))
     assert figures.step_time_p90_s == pytest.approx(np.percentile(steps, 90))
     assert figures.step_time_p99_s == pytest.approx(np.percentile(steps, 99))
@@ -58,9 +62,23 @@ def test_verdict_uses_the_profiler_thresholds(fraction, verdict):
     assert input_bound_verdict(fraction) == verdict
 
 
+def test_step_plan_leaves_out_warmup_later_epoch_starts_and_profiled_steps():
+    steps = StepPlan(epochs=3, steps_per_epoch=5, warmup_steps=2, epoch_warmup_steps=1, profiled=(7, 8))
+    assert steps.num_steps == 15
+    assert steps.timed() == [2, 3, 4, 6, 9, 11, 12, 13, 14]
+    # A loop that stopped after 8 steps: only the steps that ran count.
+    assert steps.timed(8) == [2, 3, 4, 6]
+
+
+def test_figures_of_a_loop_stopped_early_use_the_steps_that_ran():
+    timer = timer_of([0.001] * 4, [0.009] * 4)
+    figures = timing_figures(timer, StepPlan(2, 5, warmup_steps=1, epoch_warmup_steps=1), 10, 10)
+    assert figures.num_timed_steps == 3 and figures.throughput_examples_per_s == pytest.approx(1000.0)
+
+
 def test_no_timed_step_is_an_error():
     with pytest.raises(ValueError, match="no step was timed"):
-        timing_figures(timer_of([0.1] * 3, [0.1] * 3), warmup_steps=3, examples_per_step=1, bytes_per_step=1)
+        timing_figures(timer_of([0.1] * 3, [0.1] * 3), plan(3, 3), examples_per_step=1, bytes_per_step=1)
 
 
 # ---- Ceilings, efficiency and the recommendation ----------------------------------------------
@@ -84,7 +102,9 @@ def test_ceilings_metrics_hold_the_measured_ones_only():
 
 def figures_with_input_wait(input_wait_s: float, compute_s: float, num_steps: int = 20):
     """Figures of `num_steps` identical steps of 32 examples (warm-up 0)."""
-    return timing_figures(timer_of([input_wait_s] * num_steps, [compute_s] * num_steps), 0, 32, 32 * 100)
+    return timing_figures(
+        timer_of([input_wait_s] * num_steps, [compute_s] * num_steps), plan(num_steps, 0), 32, 32 * 100
+    )
 
 
 def test_recommendation_for_an_input_bound_run_names_the_knobs_that_are_off():

@@ -99,49 +99,6 @@ def test_tracking_none_runs_without_a_store(run_experiment, tmp_path):
     assert (tmp_path / "run" / "summary.json").exists()
 
 
-def test_gpu_target_fails_with_a_clear_message_here(run_experiment, mlflow_client):
-    import tensorflow as tf
-
-    if tf.config.list_physical_devices("GPU"):
-        pytest.skip("a GPU is present: the missing-GPU message cannot be shown")
-    from bwopt.devices import DeviceError
-
-    with pytest.raises(DeviceError, match=r"TensorFlow sees no GPU.*bwopt\[gpu\].*device=cpu"):
-        run_experiment("device=gpu", *TINY, experiment="no_gpu")
-    (run,) = mlflow_client.search_runs([mlflow_client.get_experiment_by_name("no_gpu").experiment_id])
-    assert run.info.status == "FAILED"
-
-
-def test_other_cpu_count_in_an_initialised_process_is_refused(run_experiment):
-    from bwopt.devices import DeviceError
-
-    run_experiment("tracking=none", *TINY)  # make sure TensorFlow is initialised
-    with pytest.raises(DeviceError, match=r"already initialised.*device.num_cpu_devices=3 \(it has 2\)"):
-        run_experiment("tracking=none", "device.num_cpu_devices=3", "train.global_batch_size=63", *TINY)
-    with pytest.raises(DeviceError, match=r"device.intra_op_threads=1 \(it has 0\)"):
-        run_experiment("tracking=none", "device.intra_op_threads=1", *TINY)
-
-
-@pytest.mark.parametrize(
-    "overrides,timed",
-    [
-        (["train.steps_per_epoch=10", "measure.profile_start_step=7", "measure.profile_num_steps=3"], 2),
-        (
-            [
-                "train.epochs=2",
-                "train.steps_per_epoch=10",
-                "measure.profile_start_step=12",
-                "measure.profile_num_steps=8",
-            ],
-            5,
-        ),
-    ],
-)
-def test_profiling_late_steps_leaves_the_earlier_ones_timed(run_experiment, overrides, timed):
-    summary = run_experiment("tracking=none", "train.epochs=1", "train.warmup_steps=5", *overrides)
-    assert summary.figures.num_timed_steps == timed
-
-
 def test_a_config_that_would_time_no_step_is_refused_before_the_run(run_experiment, mlflow_client):
     from bwopt.schema import ConfigError
 

@@ -1,0 +1,80 @@
+"""The compiled train and evaluation steps, and epochs of them, on one device and on two replicas."""
+
+import numpy as np
+import pytest
+
+
+def build(strategy, global_batch_size):
+    import keras
+
+    from bwopt.train import make_step_functions
+
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        optimizer = keras.optimizers.SGD(0.1)
+        optimizer.build(model.trainable_variables)
+    return model, make_step_functions(strategy, model, optimizer, global_batch_size, 1.0, jit_compile=False)
+
+
+def batches(global_batch_size, num_batches):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    features = rng.standard_normal((global_batch_size * num_batches, 4)).astype(np.float32)
+    labels = (features[:, 0] > 0).astype(np.int32) + (features[:, 1] > 0).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((features, labels)).batch(global_batch_size, drop_remainder=True)
+
+
+def test_evaluation_counts_the_examples_and_matches_the_model_by_hand():
+    import keras
+    import tensorflow as tf
+
+    from bwopt.train import evaluate
+
+    strategy = tf.distribute.get_strategy()
+    model, steps = build(strategy, 16)
+    dataset = batches(16, 3)
+    metrics = evaluate(steps, dataset)
+    features = np.concatenate([f.numpy() for f, _ in dataset])
+    labels = np.concatenate([label.numpy() for _, label in dataset])
+    logits = model(features).numpy()
+    losses = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")(labels, logits)
+    assert metrics["val_loss"] == pytest.approx(float(np.mean(losses)), rel=1e-5)
+    assert metrics["val_accuracy"] == pytest.approx(float(np.mean(logits.argmax(-1) == labels)))
+
+
+def test_two_replicas_sum_to_the_global_batch(devices):
+    import tensorflow as tf
+
+    from bwopt.measure import read_on_host
+
+    # Reduction to one device: no collective ops, whose keys a second strategy in one process may reuse.
+    cross_device_ops = tf.distribute.ReductionToOneDevice()
+    strategy = tf.distribute.MirroredStrategy(devices.device_names[:2], cross_device_ops=cross_device_ops)
+    _, steps = build(strategy, 16)
+    batch = next(iter(strategy.experimental_distribute_dataset(batches(16, 1))))
+    loss_sum, correct, num_examples = read_on_host(steps.train_step(batch))
+    assert num_examples == 16 and 0 <= correct <= 16 and loss_sum > 0
+
+
+def test_train_runs_the_planned_epochs_and_the_loss_falls():
+    import tensorflow as tf
+
+    from bwopt.measure import StepPlan, StepTimer
+    from bwopt.train import train
+
+    strategy = tf.distribute.get_strategy()
+    _, steps = build(strategy, 16)
+    timer, epochs = StepTimer(), []
+
+    class Epochs:
+        def on_epoch_end(self, epoch, logs):
+            epochs.append(dict(logs))
+
+    from bwopt.loop import Hook
+
+    hook = type("EpochsHook", (Hook,), {"on_epoch_end": Epochs.on_epoch_end})()
+    last = train(steps, iter(batches(16, 8).repeat()), batches(16, 4), StepPlan(3, 8, 2), [timer, hook])
+    assert timer.num_steps == 24 and len(epochs) == 3 and epochs[-1] == last
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
