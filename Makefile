@@ -4,11 +4,15 @@ PYTHON := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
 
+# The editable install's compat mode gives the hydra_plugins namespace a real folder, which Hydra's
+# plugin scan needs (the default mode maps it through a placeholder); its transitional notice is
+# not for users, hence PYTHONWARNINGS.
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet -e '.[test]'
-	touch $@
+	@echo "bwopt: installing into $(VENV) (once)"
+	@python3 -m venv $(VENV)
+	@$(PYTHON) -m pip install --quiet --upgrade pip
+	@PYTHONWARNINGS=ignore $(PYTHON) -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+	@touch $@
 
 .PHONY: run test benchmark
 run: $(VENV)/.installed

@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from bwopt.quiet import quiet
 from bwopt.schema import Config, ConfigError, register_configs, unknown_key_message
 from bwopt.signals import STOP
 
@@ -38,10 +39,16 @@ def run_job(cfg: DictConfig) -> float:
 
     try:
         config = validate(cfg)
+        quiet(config.verbose)  # before bwopt.run imports TensorFlow and MLflow
         from bwopt.run import run
 
-        output_dir = Path(HydraConfig.get().runtime.output_dir)
-        summary = run(config, output_dir=output_dir, resolved=OmegaConf.to_container(cfg, resolve=True))
+        hydra = HydraConfig.get()
+        summary = run(
+            config,
+            output_dir=Path(hydra.runtime.output_dir),
+            resolved=OmegaConf.to_container(cfg, resolve=True),
+            overrides=list(hydra.overrides.task),
+        )
     except ConfigError as error:
         print(f"bwopt: invalid config: {error}", file=sys.stderr)
         sys.exit(2)

@@ -11,12 +11,11 @@ records it (MLflow, summary.json, config.yaml) and ends the MLflow run, whatever
 """
 
 import json
-import os
 import sys
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from bwopt.data.sources import load_source
 from bwopt.inputs import Inputs, plan
@@ -25,9 +24,6 @@ from bwopt.measure import StepTimer, TimingFigures, timing_figures
 from bwopt.schema import Config, check_batch_divisible
 from bwopt.signals import STOP, StopCheck
 from bwopt.tracking import build_tracker, flatten
-
-# Keep TensorFlow's C++ start-up chatter out of the report unless the user asks for it.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 @dataclass
@@ -56,11 +52,14 @@ class Summary:
         return self.figures.throughput_examples_per_s if self.figures else float("nan")
 
 
-def run(config: Config, output_dir: Path, resolved: dict) -> Summary:
-    """Run one experiment; the MLflow run ends FINISHED, FAILED or KILLED with what was measured."""
+def run(config: Config, output_dir: Path, resolved: dict, overrides: Sequence[str] = ()) -> Summary:
+    """Run one experiment; the MLflow run ends FINISHED, FAILED or KILLED with what was measured.
+
+    `overrides` are the command line's `key=value`s: they name the MLflow run.
+    """
     from bwopt.modes import MODES
 
-    with Run(config, output_dir, resolved) as current:
+    with Run(config, output_dir, resolved, overrides) as current:
         current.set_up()
         STOP.check()  # a signal during set-up
         current.mode_figures = MODES[config.mode](current)
@@ -88,10 +87,11 @@ class EpochLog(Hook):
 class Run:
     """What one experiment needs, kept on `self`, and its life: enter, `set_up`, a mode, exit."""
 
-    def __init__(self, config: Config, output_dir: Path, resolved: dict) -> None:
+    def __init__(self, config: Config, output_dir: Path, resolved: dict, overrides: Sequence[str] = ()) -> None:
         self.config = config
         self.output_dir = output_dir
         self.resolved = resolved
+        self.overrides = list(overrides)
         self.timer = StepTimer()
         self.resources = ExitStack()  # servers the run started (the local tf.data service)
         self.mode_figures: Dict[str, float] = {}
@@ -107,7 +107,7 @@ class Run:
         self.source = load_source(config.data, config.seed, config.split.validation_fraction)
         self.input_plan = plan(config, self.source)
         self.tracker = build_tracker(config.tracking)
-        self.run_id = self.tracker.start(flatten(self.resolved), tags={"mode": config.mode})
+        self.run_id = self.tracker.start(flatten(self.resolved), {"mode": config.mode}, self.overrides)
         self.epoch_log = EpochLog(self.tracker, config.train.epochs)
         reset_peak_host_rss()  # this run's peak, not that of earlier jobs of a multirun
         return self

@@ -4,12 +4,21 @@ A tracker that fails while logging during a measurement warns on stderr and goes
 measurement is still printed and written to the run folder.
 """
 
+import os
+import socket
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 MLFLOW_PARAMS_PER_BATCH = 100
+# The sweep launcher (bwopt.sweep) passes its parent run to each job's process.
+PARENT_RUN_ENV = "BWOPT_PARENT_RUN_ID"
+EXPERIMENT_DESCRIPTION = (
+    "bwopt runs: each is one data-parallel TensorFlow training (or input / inference) measurement. "
+    "Its name is its command-line overrides; its description holds the summary, the verdict and the "
+    "recommendation; a sweep is a parent run with one child run per job."
+)
 
 
 def flatten(tree: dict, prefix: str = "") -> Dict[str, str]:
@@ -33,25 +42,54 @@ def sqlite_artifact_location(uri: str) -> Optional[str]:
     return (database.parent.resolve() / "mlartifacts").as_uri()
 
 
+def shown_overrides(overrides: Sequence[str]) -> list:
+    """The overrides that say what a run measured: Hydra's own and tracking's are left out."""
+    return [item for item in overrides if not item.lstrip("+~").startswith(("hydra.", "hydra/", "tracking"))]
+
+
+def run_name(overrides: Sequence[str]) -> str:
+    """'pipeline.prefetch=10,strategy=mirrored' from the overrides, 'default' when there are none."""
+    return ",".join(shown_overrides(overrides)) or "default"
+
+
+def run_tags(overrides: Sequence[str]) -> Dict[str, str]:
+    """Tags every bwopt run carries: the overrides (one tag each), the host and pid, the sweep's parent."""
+    tags = {"bwopt.overrides": " ".join(shown_overrides(overrides)), "bwopt.host": socket.gethostname()}
+    tags["bwopt.pid"] = str(os.getpid())
+    for item in shown_overrides(overrides):
+        key, _, value = item.lstrip("+~").partition("=")
+        tags[f"override.{key}"] = value
+    if os.environ.get(PARENT_RUN_ENV):
+        tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
+    return tags
+
+
 class MlflowTracker:
     def __init__(self, config) -> None:
         self.config = config
         self.client = None
         self.run_id: Optional[str] = None
 
-    def start(self, params: Dict[str, str], tags: Dict[str, str]) -> str:
+    def start(self, params: Dict[str, str], tags: Dict[str, str], overrides: Sequence[str] = ()) -> str:
+        """Create the run, named from `overrides` unless tracking.run_name is set, with MLflow's
+        own source tags (source name and type, user, git commit), as its fluent API sets them."""
         from mlflow import MlflowClient
         from mlflow.entities import Param
+        from mlflow.tracking.context.registry import resolve_tags
 
         self.client = MlflowClient(tracking_uri=self.config.uri)
         experiment = self.client.get_experiment_by_name(self.config.experiment)
         if experiment is None:
             experiment_id = self.client.create_experiment(
-                self.config.experiment, artifact_location=sqlite_artifact_location(self.config.uri)
+                self.config.experiment,
+                artifact_location=sqlite_artifact_location(self.config.uri),
+                tags={"mlflow.note.content": EXPERIMENT_DESCRIPTION},
             )
         else:
             experiment_id = experiment.experiment_id
-        run = self.client.create_run(experiment_id, run_name=self.config.run_name, tags={**self.config.tags, **tags})
+        tags = resolve_tags({**run_tags(overrides), **self.config.tags, **tags})
+        name = self.config.run_name or run_name(overrides)
+        run = self.client.create_run(experiment_id, run_name=name, tags=tags)
         self.run_id = run.info.run_id
         items = [Param(key, value) for key, value in params.items()]
         try:
@@ -95,7 +133,7 @@ class MlflowTracker:
 class NoTracker:
     run_id: Optional[str] = None
 
-    def start(self, params: Dict[str, str], tags: Dict[str, str]) -> Optional[str]:
+    def start(self, params: Dict[str, str], tags: Dict[str, str], overrides: Sequence[str] = ()) -> Optional[str]:
         return None
 
     def log_metrics(self, metrics: Dict[str, float], step: int = 0) -> None:

@@ -40,7 +40,10 @@ def test_multirun_gives_one_mlflow_run_per_job(tmp_path):
     result = run_bwopt("-m", "pipeline.prefetch=0,2", *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     _, runs = runs_in(tmp_path / "outputs" / "mlflow.db")
-    assert [run.data.params["pipeline.prefetch"] for run in runs] == ["0", "2"]
+    (parent,) = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    children = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert [run.data.params["pipeline.prefetch"] for run in children] == ["0", "2"]
+    assert [run.info.run_name for run in children] == [f"pipeline.prefetch={n},{','.join(TINY)}" for n in (0, 2)]
     assert all(run.info.status == "FINISHED" for run in runs)
 
 

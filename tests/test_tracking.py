@@ -44,3 +44,32 @@ def test_a_tracking_outage_warns_and_the_run_goes_on(tmp_path, capsys, monkeypat
     assert run.data.tags["team"] == "perf" and run.data.tags["mode"] == "train"
     assert [point.value for point in MlflowClient(tracking_uri=uri).get_metric_history(run_id, "loss")] == [1.0]
     assert os.path.exists(tmp_path / "mlflow.db")
+
+
+def test_a_run_is_named_and_tagged_from_its_overrides_and_its_source(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("BWOPT_PARENT_RUN_ID", "parent123")
+    tracker = MlflowTracker(MlflowTracking(uri=uri, experiment="named"))
+    overrides = ["pipeline.prefetch=10", "strategy=mirrored", f"tracking.uri={uri}", "hydra.job.num=3"]
+    run_id = tracker.start({}, {"mode": "train"}, overrides)
+    tracker.end("FINISHED")
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    assert run.info.run_name == "pipeline.prefetch=10,strategy=mirrored"
+    tags = run.data.tags
+    assert tags["override.pipeline.prefetch"] == "10" and tags["override.strategy"] == "mirrored"
+    assert "override.tracking.uri" not in tags and tags["mlflow.parentRunId"] == "parent123"
+    assert tags["bwopt.pid"] == str(os.getpid()) and tags["bwopt.host"]
+    # What MLflow's fluent API would set: who ran what, from where.
+    for key in ("mlflow.source.name", "mlflow.source.type", "mlflow.user"):
+        assert tags[key], key
+    assert "bwopt" in client.get_experiment_by_name("named").tags["mlflow.note.content"]
+
+    monkeypatch.delenv("BWOPT_PARENT_RUN_ID")
+    plain = MlflowTracker(MlflowTracking(uri=uri, experiment="named"))
+    plain_id = plain.start({}, {}, [])
+    plain.end("FINISHED")
+    assert client.get_run(plain_id).info.run_name == "default"
+    assert "mlflow.parentRunId" not in client.get_run(plain_id).data.tags

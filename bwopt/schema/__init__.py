@@ -186,6 +186,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     seed: int = 0
+    # Show everything TensorFlow and MLflow print (bwopt.quiet hides their start-up chatter).
+    verbose: bool = False
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)

@@ -1,0 +1,313 @@
+"""bwopt's Hydra launcher: every job of a sweep in its own fresh Python process, one at a time.
+
+Why a fresh process per job: TensorFlow fixes its devices (logical CPUs, memory growth, visible
+GPUs, thread pools) once per process, so in one shared process the second job of a sweep over
+them would measure the first job's set-up. Why one at a time: jobs side by side share the cores
+and the memory bandwidth that bwopt measures; `max_parallel` opts into parallel jobs anyway.
+
+How: each job is a plain `python -m bwopt.sweep.job JOB_FILE RESULT_FILE` started with
+`subprocess`. As submitit's launcher does for a remote job, the job file holds Hydra's singleton
+state, the HydraContext, the task function and the job's composed config, and the child calls
+`hydra.core.utils.run_job` with them, then writes its JobReturn to the result file. A plain
+interpreter is preferred to multiprocessing's 'spawn' context, which re-imports the parent's
+`__main__` (bwopt's CLI, or pytest) in every child and returns results through a pipe that a
+crashed child leaves behind half-written: here a job that died (an exception, `sys.exit(2)` from a
+config error, a segfault, `kill -9`) is a process without a result file, its exit code says how
+it ended, and the launcher records a failed JobReturn and goes on with the next job. Jobs run in
+their own session, so Ctrl-C reaches the launcher alone: it forwards one signal to the running
+jobs (each ends its MLflow run KILLED at its next step), starts no more, writes the report, ends
+the parent run KILLED and re-raises.
+
+Folders and order: with N override sets and `repeats` = k, the launcher starts N x k jobs in
+rounds, A B C A B C ..., so that drift of the machine falls on every set alike. Job number n,
+its folder `<sweep dir>/<n>/` (Hydra's `hydra.sweep.subdir`, `${hydra.job.num}`), is
+`first * k + repeat * N + index`: with one batch (`first` = 0) folders 0..N-1 are the first round
+in Hydra's order, N..2N-1 the second, and so on; `n mod N` is the override set and `n // N` the
+repeat. Each folder gets `job.json` (number, repeat, overrides, exit code, start and wall time).
+
+Hydra's sweepers expect one JobReturn per override set they asked for, in their order: a set
+whose repeats all completed returns the median of their objectives; otherwise its first failed
+repeat's JobReturn (with the failure) stands for it.
+
+At the end of every batch, even when jobs failed (Hydra then skips its own end-of-sweep
+callbacks), the report of the whole sweep folder is written (bwopt.sweep.report) and, with
+`tracking=mlflow`, logged to the sweep's parent run (bwopt.sweep.parent).
+"""
+
+import json
+import logging
+import os
+import pickle
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.2
+
+
+@dataclass
+class BwoptLauncherConf:
+    """`hydra.launcher.*` when `hydra/launcher=bwopt`.
+
+    Attributes:
+        max_parallel: jobs running at the same time (1: one at a time, for undisturbed timings).
+        repeats: runs of every override set, in interleaved rounds, each in its own folder.
+        stop_timeout_s: after Ctrl-C or SIGTERM, how long running jobs get to end their runs
+            before they are killed.
+    """
+
+    # Hydra instantiates launchers only from classes defined in the hydra_plugins package
+    _target_: str = "hydra_plugins.bwopt_launcher.bwopt_launcher.BwoptLauncher"
+    max_parallel: int = 1
+    repeats: int = 1
+    stop_timeout_s: float = 120.0
+
+
+class JobCrashed(RuntimeError):
+    """A job's process ended without handing back its result."""
+
+
+@dataclass
+class Job:
+    """One process to start: an override set's repeat, with its composed config and folder."""
+
+    num: int
+    index: int  # position of its override set in Hydra's batch
+    repeat: int
+    overrides: List[str]
+    config: DictConfig
+    folder: Path
+
+
+@dataclass
+class RunningJob:
+    job: Job
+    process: subprocess.Popen
+    result_file: Path
+    started_s: float  # time.monotonic()
+    started_at: float  # time.time(), for the record
+
+
+class ProcessPerJobLauncher(Launcher):
+    """The launcher behind `hydra/launcher=bwopt` (Hydra instantiates its subclass in hydra_plugins)."""
+
+    def __init__(self, max_parallel: int = 1, repeats: int = 1, stop_timeout_s: float = 120.0) -> None:
+        if max_parallel < 1 or repeats < 1:
+            raise ValueError(
+                f"hydra.launcher.max_parallel={max_parallel} and hydra.launcher.repeats={repeats} must both be >= 1"
+            )
+        self.max_parallel = max_parallel
+        self.repeats = repeats
+        self.stop_timeout_s = stop_timeout_s
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.task_function: Optional[TaskFunction] = None
+        self.parent = None  # bwopt.sweep.parent.ParentRun, kept across the batches of one sweep
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        jobs = self._plan(job_overrides, initial_job_idx, sweep_dir)
+        log.info(f"Launching {len(jobs)} jobs, each in a fresh process, {self.max_parallel} at a time")
+        from bwopt.quiet import quiet_libraries
+
+        quiet_libraries(self.config.verbose)  # MLflow's own lines, as the parent run starts
+        self._start_parent(job_overrides, sweep_dir)
+        returns: Dict[int, JobReturn] = {}
+        status = "KILLED"
+        try:
+            self._run_all(jobs, sweep_dir, returns)
+            status = "FINISHED"
+        finally:
+            self._finish(sweep_dir, status)
+        return self._per_override_set(jobs, returns)
+
+    def _plan(self, job_overrides: Sequence[Sequence[str]], first: int, sweep_dir: Path) -> List[Job]:
+        """Every job of this batch in launch order: k rounds over the override sets (see the module doc)."""
+        jobs = []
+        for repeat in range(self.repeats):
+            for index, overrides in enumerate(job_overrides):
+                num = first * self.repeats + repeat * len(job_overrides) + index
+                config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                with open_dict(config):
+                    config.hydra.job.id = num
+                    config.hydra.job.num = num
+                    # fixed here, so a job started later resolves no `${now:}` of its own
+                    config.hydra.sweep.dir = str(sweep_dir)
+                    config.hydra.sweep.subdir = str(config.hydra.sweep.subdir)
+                folder = sweep_dir / config.hydra.sweep.subdir
+                jobs.append(Job(num, index, repeat, list(overrides), config, folder))
+        return jobs
+
+    def _run_all(self, jobs: List[Job], sweep_dir: Path, returns: Dict[int, JobReturn]) -> None:
+        """Start jobs in order, at most max_parallel at a time; on Ctrl-C or SIGTERM stop them and re-raise."""
+        from bwopt.signals import STOP  # set by the first SIGINT/SIGTERM of `python -m bwopt`
+
+        pending, running = deque(jobs), []
+        with tempfile.TemporaryDirectory(prefix="bwopt-sweep-") as scratch:
+            try:
+                while pending or running:
+                    if STOP.requested:
+                        raise KeyboardInterrupt(f"sweep stopped by {STOP.requested}")
+                    while pending and len(running) < self.max_parallel:
+                        running.append(self._start(pending.popleft(), Path(scratch), sweep_dir))
+                    for ended in [item for item in running if item.process.poll() is not None]:
+                        running.remove(ended)
+                        returns[ended.job.num] = self._collect(ended)
+                    time.sleep(POLL_INTERVAL_S)
+            except KeyboardInterrupt:
+                self._stop(running, signal.Signals[STOP.requested or "SIGINT"])
+                for ended in running:
+                    returns[ended.job.num] = self._collect(ended)
+                raise
+
+    def _start(self, job: Job, scratch: Path, sweep_dir: Path) -> RunningJob:
+        repeat = f"  (repeat {job.repeat + 1}/{self.repeats})" if self.repeats > 1 else ""
+        log.info(f"\t#{job.num} : {' '.join(filter_overrides(job.overrides))}{repeat}")
+        job_file, result_file = scratch / f"{job.num}.job.pkl", scratch / f"{job.num}.result.pkl"
+        state = {
+            "singleton_state": Singleton.get_state(),
+            "hydra_context": self.hydra_context,
+            "task_function": self.task_function,
+            "config": job.config,
+        }
+        # sys.path first, so the child can import whatever module holds the task function
+        job_file.write_bytes(pickle.dumps((list(sys.path), _dumps(state))))
+        env = {**os.environ, "BWOPT_SWEEP_DIR": str(sweep_dir.resolve())}
+        env.pop("BWOPT_PARENT_RUN_ID", None)
+        if self.parent is not None:
+            env["BWOPT_PARENT_RUN_ID"] = self.parent.run_id
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bwopt.sweep.job", str(job_file), str(result_file)],
+            env=env,
+            start_new_session=True,  # Ctrl-C goes to the launcher, which stops the job once
+        )
+        return RunningJob(job, process, result_file, time.monotonic(), time.time())
+
+    def _collect(self, ended: RunningJob) -> JobReturn:
+        """The job's JobReturn; a failed one when its process died without handing back its outcome."""
+        job, exit_code = ended.job, ended.process.wait()
+        outcome = {
+            "status": "FAILED",
+            "return_value": JobCrashed(f"job #{job.num} ({' '.join(job.overrides)}) {_how_it_ended(exit_code)}"),
+            "working_dir": os.getcwd(),
+        }
+        if ended.result_file.is_file():
+            outcome = pickle.loads(ended.result_file.read_bytes())
+        task_config = OmegaConf.masked_copy(job.config, [key for key in job.config if key != "hydra"])
+        result = JobReturn(
+            overrides=job.overrides,
+            cfg=task_config,
+            hydra_cfg=OmegaConf.create({"hydra": job.config.hydra}),
+            working_dir=outcome["working_dir"],
+            task_name=job.config.hydra.job.name,
+            status=JobStatus[outcome["status"]],
+            _return_value=outcome["return_value"],
+        )
+        job.folder.mkdir(parents=True, exist_ok=True)
+        record = {
+            "num": job.num,
+            "repeat": job.repeat,
+            "overrides": job.overrides,
+            "exit_code": exit_code,
+            "status": result.status.name,
+            "started_at": ended.started_at,
+            "wall_s": round(time.monotonic() - ended.started_s, 3),
+        }
+        (job.folder / "job.json").write_text(json.dumps(record, indent=2))
+        if result.status is not JobStatus.COMPLETED:
+            log.error(f"\t#{job.num} failed: {result._return_value}")
+        return result
+
+    def _stop(self, running: List[RunningJob], signum: signal.Signals) -> None:
+        """Ask running jobs to stop (they end their runs KILLED); kill them after stop_timeout_s or a second signal."""
+        for item in running:
+            item.process.send_signal(signum)
+        deadline = time.monotonic() + self.stop_timeout_s
+        try:
+            for item in running:
+                item.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            for item in running:
+                if item.process.poll() is None:
+                    item.process.kill()
+                    item.process.wait()
+
+    def _per_override_set(self, jobs: List[Job], returns: Dict[int, JobReturn]) -> List[JobReturn]:
+        """One JobReturn per override set, in Hydra's order, its repeats folded (see the module doc)."""
+        folded = []
+        for index in sorted({job.index for job in jobs}):
+            results = [returns[job.num] for job in jobs if job.index == index]
+            failed = [result for result in results if result.status is not JobStatus.COMPLETED]
+            if failed or len(results) == 1:
+                folded.append((failed or results)[0])
+                continue
+            objectives = [result._return_value for result in results]
+            first = results[0]
+            if all(isinstance(value, (int, float)) for value in objectives):
+                first.return_value = statistics.median(objectives)
+            folded.append(first)
+        return folded
+
+    def _start_parent(self, job_overrides: Sequence[Sequence[str]], sweep_dir: Path) -> None:
+        """With tracking=mlflow, one parent run for the whole sweep (kept across Hydra's batches)."""
+        if self.config.tracking.name != "mlflow":
+            return
+        from bwopt.sweep.parent import ParentRun, sweep_name
+
+        if self.parent is None:
+            self.parent = ParentRun.start(self.config.tracking, sweep_name(job_overrides), sweep_dir)
+        else:
+            self.parent.resume()
+
+    def _finish(self, sweep_dir: Path, status: str) -> None:
+        """Write the report and end the parent run, whatever happened; a report error does not hide the sweep's."""
+        from bwopt.sweep.report import write_report
+
+        report = None
+        try:
+            report = write_report(sweep_dir)
+            log.info(f"Sweep report: {report.markdown_file}")
+        except Exception as error:
+            print(f"bwopt: warning: the sweep report could not be written: {error!r}", file=sys.stderr)
+        if self.parent is None:
+            return
+        if status == "FINISHED" and report is not None and report.jobs and all(job.failed for job in report.jobs):
+            status = "FAILED"
+        self.parent.end(status, report)
+
+
+def _dumps(state: dict) -> bytes:
+    # Hydra's resolvers include lambdas, which pickle cannot name; cloudpickle (an MLflow dependency,
+    # and what submitit uses for the same state) can.
+    import cloudpickle
+
+    return cloudpickle.dumps(state)
+
+
+def _how_it_ended(exit_code: int) -> str:
+    if exit_code < 0:
+        return f"was killed by {signal.Signals(-exit_code).name}"
+    return f"exited with code {exit_code} without a result"

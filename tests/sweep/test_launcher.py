@@ -1,0 +1,125 @@
+"""bwopt's launcher in this process, on task functions that crash in every way a job can (no TensorFlow)."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+import sweep_tasks
+from hydra import initialize_config_dir
+from hydra._internal.callbacks import Callbacks
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobStatus
+from hydra.types import HydraContext, RunMode
+from mlflow import MlflowClient
+
+from bwopt.app import config_dir
+from bwopt.signals import STOP
+from bwopt.sweep.launcher import JobCrashed
+from bwopt.sweep.parent import NOTE_TAG, sweep_name
+
+pytestmark = pytest.mark.slow  # every job is a fresh process
+
+
+def launch(sweep_dir, job_overrides, *overrides):
+    """Compose the real conf/ for a multirun and launch job_overrides with bwopt's launcher."""
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        config = hydra.compose_config("config", [f"hydra.sweep.dir={sweep_dir}", *overrides], run_mode=RunMode.MULTIRUN)
+        context = HydraContext(config_loader=hydra.config_loader, callbacks=Callbacks(config))
+        launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=context, task_function=sweep_tasks.crash, config=config
+        )
+        return launcher.launch(job_overrides, initial_job_idx=0)
+
+
+def record(folder, name):
+    return json.loads((folder / name).read_text())
+
+
+def test_each_job_runs_alone_and_a_crash_fails_only_its_job(tmp_path):
+    crashes = ["exception", "exit2", "segfault", "kill9", "none"]
+    sweep = tmp_path / "sweep"
+    returns = launch(sweep, [[f"+crash={crash}", "+throughput=100"] for crash in crashes], "tracking=none")
+    assert [result.status for result in returns] == [JobStatus.FAILED] * 4 + [JobStatus.COMPLETED]
+    exception, exit2, segfault, kill9, completed = (result._return_value for result in returns)
+    assert isinstance(exception, ValueError) and "a bad value" in str(exception)
+    assert isinstance(exit2, JobCrashed) and "exited with code 2" in str(exit2)
+    assert isinstance(segfault, JobCrashed) and "SIGSEGV" in str(segfault)
+    assert isinstance(kill9, JobCrashed) and "SIGKILL" in str(kill9)
+    assert completed == pytest.approx(100 * 1.4)  # job 4
+    assert [record(sweep / str(n), "job.json")["exit_code"] for n in range(5)] == [1, 2, -11, -9, 0]
+    processes = [record(sweep / str(n), "process.json") for n in range(5)]
+    assert len({process["pid"] for process in processes}) == 5 and os.getpid() not in {p["pid"] for p in processes}
+    assert all(process["BWOPT_SWEEP_DIR"] == str(sweep.resolve()) for process in processes)
+    assert all(process["BWOPT_PARENT_RUN_ID"] is None for process in processes)  # tracking=none: no parent
+    report = (sweep / "report.md").read_text()
+    assert "5 jobs, 4 failed" in report and "**Best overrides:** `+crash=none +throughput=100`" in report
+    for status in ("**FAILED**", "(exit code 2)", "(exit code -11)", "(exit code -9)"):
+        assert status in report
+
+
+def test_repeats_run_in_interleaved_rounds_and_the_parent_run_holds_the_report(tmp_path, mlflow_uri):
+    sweep = tmp_path / "sweep"
+    tracking = [f"tracking.uri={mlflow_uri}", "tracking.experiment=launcher_repeats"]
+    job_overrides = [["+crash=none", "+throughput=100"], ["+crash=none", "+throughput=1000"]]
+    returns = launch(sweep, job_overrides, "hydra.launcher.repeats=2", "hydra.launcher.max_parallel=1", *tracking)
+    jobs = [record(sweep / str(n), "job.json") for n in range(4)]
+    assert [job["overrides"][1] for job in jobs] == ["+throughput=100", "+throughput=1000"] * 2
+    assert [job["repeat"] for job in jobs] == [0, 0, 1, 1]
+    assert [job["started_at"] for job in jobs] == sorted(job["started_at"] for job in jobs)
+    # one JobReturn per override set: the median of its repeats (jobs n get 1 + n/10 times the throughput)
+    assert [result.return_value for result in returns] == pytest.approx([100 * 1.1, 1000 * 1.2])
+    report = (sweep / "report.md").read_text()
+    assert "| 1 | `+throughput=1000` | 2/2 | 1,200.0 | 1,100.0–1,300.0 |" in report
+    assert "| 2 | `+throughput=100` | 2/2 | 110.0 | 100.0–120.0 |" in report
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    (parent,) = client.search_runs([client.get_experiment_by_name("launcher_repeats").experiment_id])
+    assert parent.info.run_name == "sweep +throughput=100,1000" == sweep_name(job_overrides)
+    assert parent.info.status == "FINISHED"
+    assert "Best overrides" in parent.data.tags[NOTE_TAG] and "1,100.0–1,300.0" in parent.data.tags[NOTE_TAG]
+    artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
+    assert {"report.md", "report.csv", "throughput.png", "throughput_vs_throughput.png"} <= artifacts
+    assert {record(sweep / str(n), "process.json")["BWOPT_PARENT_RUN_ID"] for n in range(4)} == {parent.info.run_id}
+
+
+def test_the_parent_run_fails_when_every_job_failed(tmp_path, mlflow_uri):
+    tracking = [f"tracking.uri={mlflow_uri}", "tracking.experiment=launcher_all_failed"]
+    (result,) = launch(tmp_path / "sweep", [["+crash=exception"]], *tracking)
+    assert result.status is JobStatus.FAILED
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    (parent,) = client.search_runs([client.get_experiment_by_name("launcher_all_failed").experiment_id])
+    assert parent.info.status == "FAILED"
+    assert "No job finished" in parent.data.tags[NOTE_TAG]
+
+
+def test_a_stopped_sweep_stops_its_job_starts_no_more_and_ends_the_parent_killed(tmp_path, mlflow_uri):
+    sweep = tmp_path / "sweep"
+    tracking = [f"tracking.uri={mlflow_uri}", "tracking.experiment=launcher_stopped"]
+
+    def terminate_once_waiting():
+        deadline = time.monotonic() + 60
+        while not (sweep / "0" / "waiting").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by STOP in the main thread, as in `python -m bwopt`
+
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    STOP.install()
+    threading.Thread(target=terminate_once_waiting, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            launch(sweep, [["+crash=wait_for_stop"], ["+crash=none", "+throughput=1"]], *tracking)
+    finally:
+        STOP.requested = None
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    assert record(sweep / "0", "job.json")["status"] == "FAILED"
+    assert not (sweep / "1").exists()  # never started
+    assert "1 jobs, 1 failed" in (sweep / "report.md").read_text()
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    (parent,) = client.search_runs([client.get_experiment_by_name("launcher_stopped").experiment_id])
+    assert parent.info.status == "KILLED"

@@ -1,0 +1,78 @@
+"""`python -m bwopt -m ...` as users run it: bwopt's launcher, real TensorFlow jobs, the report, the parent run."""
+
+import json
+
+import pytest
+from conftest import run_bwopt
+from mlflow import MlflowClient
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+TINY = ["train.epochs=1", "train.warmup_steps=2", "train.steps_per_epoch=6", "measure.memcpy_bandwidth=false"]
+
+
+def the_sweep_dir(cwd):
+    (sweep,) = (cwd / "outputs" / "multirun").glob("*/*")
+    return sweep
+
+
+def test_a_failing_job_is_reported_and_the_sweep_goes_on(tmp_path):
+    result = run_bwopt("-m", "strategy=mirrored", "train.global_batch_size=32,63,64", *TINY, cwd=tmp_path)
+    # job 1 exits with code 2 (63 is not divisible by the 2 replicas); Hydra then reports the failure
+    assert result.returncode != 0 and "not divisible by the 2 replicas" in result.stderr
+    sweep = the_sweep_dir(tmp_path)
+    summaries = {n: json.loads((sweep / str(n) / "summary.json").read_text()) for n in (0, 2)}
+    assert not (sweep / "1" / "summary.json").exists()
+    assert json.loads((sweep / "1" / "job.json").read_text())["exit_code"] == 2
+
+    report = (sweep / "report.md").read_text()
+    assert "3 jobs, 1 failed" in report and "**Best overrides:** `strategy=mirrored train.global_batch_size=" in report
+    assert "| 1 | `train.global_batch_size=63` | **NO SUMMARY** (exit code 2) |" in report
+    assert len((sweep / "report.csv").read_text().splitlines()) == 1 + 3
+    for plot in ("throughput.png", "throughput_vs_train.global_batch_size.png"):
+        assert (sweep / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        with Image.open(sweep / plot) as image:
+            assert image.width >= 600 and image.height >= 200
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("bwopt")
+    (parent,) = client.search_runs([experiment.experiment_id], "attributes.run_name LIKE 'sweep %'")
+    assert parent.info.run_name == "sweep train.global_batch_size=32,63,64"
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["bwopt.sweep_dir"] == str(sweep.resolve())
+    children = [client.get_run(summary["run_id"]) for summary in summaries.values()]
+    assert all(child.info.status == "FINISHED" for child in children)
+    assert all(child.data.tags["mlflow.parentRunId"] == parent.info.run_id for child in children)
+    # Named from the job's overrides, in the order given on the command line.
+    names = sorted(child.info.run_name for child in children)
+    assert [name.split(",")[:2] for name in names] == [
+        ["strategy=mirrored", "train.global_batch_size=32"],
+        ["strategy=mirrored", "train.global_batch_size=64"],
+    ]
+    assert all(child.info.run_id in parent.data.tags["mlflow.note.content"] for child in children)
+    artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
+    assert {"report.md", "report.csv", "throughput.png", "throughput_vs_train.global_batch_size.png"} <= artifacts
+
+
+def test_device_sweep_with_repeats_runs_every_job_in_its_own_process_in_rounds(tmp_path):
+    sweep_args = ["strategy=mirrored", "device.num_cpu_devices=1,2", "hydra.launcher.repeats=2", "tracking=none"]
+    result = run_bwopt("-m", *sweep_args, *TINY, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = the_sweep_dir(tmp_path)
+    summaries = [json.loads((sweep / str(n) / "summary.json").read_text()) for n in range(4)]
+    jobs = [json.loads((sweep / str(n) / "job.json").read_text()) for n in range(4)]
+    # TensorFlow fixes its devices once per process: each job got the count it asked for
+    assert [len(summary["devices"]) for summary in summaries] == [1, 2, 1, 2]
+    assert all(summary["status"] == "FINISHED" for summary in summaries)
+    assert [job["repeat"] for job in jobs] == [0, 0, 1, 1]
+    assert [job["started_at"] for job in jobs] == sorted(job["started_at"] for job in jobs)  # A B A B
+
+    report = (sweep / "report.md").read_text()
+    for count in (1, 2):
+        throughputs = [s["figures"]["throughput_examples_per_s"] for s in summaries if len(s["devices"]) == count]
+        low, high = min(throughputs), max(throughputs)
+        assert (
+            f"| `device.num_cpu_devices={count}` | 2/2 | {sum(throughputs) / 2:,.1f} | {low:,.1f}–{high:,.1f} |"
+            in report
+        )
+    assert (sweep / "throughput_vs_device.num_cpu_devices.png").is_file()
