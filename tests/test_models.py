@@ -26,3 +26,34 @@ def test_optimizers_by_name_and_loss_scaling_for_float16(name, class_name):
 def test_an_unknown_optimizer_lists_the_valid_names():
     with pytest.raises(ValueError, match="expected one of: adam, sgd, rmsprop"):
         build_optimizer("lion", 0.01, "float32")
+
+
+def test_stages_place_their_variables_and_ops_on_their_devices(devices):
+    import numpy as np
+
+    config = validate(compose_config(["model.hidden_units=[32,16]"]))
+    model = build_model(config.model, (8, 8, 1), 10, devices.device_names[:2])
+    stage_of = {variable.path: stage.name for stage in model.stages for variable in stage.trainable_variables}
+    placed = {variable.path: variable.value.device for variable in model.trainable_variables}
+    for path, device in placed.items():
+        expected = devices.device_names[int(stage_of[path][-1])]
+        assert device.endswith(expected[-5:]), (path, device, expected)
+    assert len({device for device in placed.values()}) == 2
+    # Same layers as the one-device model: same outputs for the same weights.
+    single = build_model(config.model, (8, 8, 1), 10)
+    single.set_weights(model.get_weights())
+    inputs = np.random.default_rng(0).random((4, 8, 8, 1), dtype=np.float32)
+    np.testing.assert_allclose(model(inputs), single(inputs), rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_parallel_run_trains_on_its_stage_devices(run_experiment):
+    summary = run_experiment(
+        "strategy=model_parallel",
+        "model.hidden_units=[64,64]",
+        "train.epochs=2",
+        "train.warmup_steps=3",
+        "tracking=none",
+    )
+    assert summary.status == "FINISHED" and summary.num_replicas == 1
+    assert [device[-5:] for device in summary.devices] == ["CPU:0", "CPU:1"]
+    assert summary.final_metrics["val_accuracy"] > 0.5
