@@ -2,45 +2,51 @@
 
 Every run is a real bwopt experiment: the real conf/ composed with Hydra's compose API plus
 overrides, validated with `bwopt.app.validate`, run by `bwopt.run.run` (tracking=none, no
-memcpy test, no progress bar, its printed summary swallowed), and read back from
-`summary.figures` (throughput in examples/s, input-wait fraction). Two comparisons, run
-interleaved round by round (the order alternates between rounds, ABBA..., so drift in machine
-speed hits both sides alike); every ratio printed is the median of the per-round ratios:
+memcpy test, no progress bar, its printed summary swallowed), and read back from its Summary.
+Each comparison runs its sides alternated round by round (order reversed every other round);
+every ratio printed is the median of the per-round ratios, with their min-max.
 
-(a) an input-heavy workload: data=synthetic (2,048 uint8 32x32x3 images), 4 augmentation rounds
-    per example, MLP, global batch 128, 2 epochs, 3 warm-up steps; pipeline=naive (serial map,
-    no prefetch, autotune off) against pipeline=tuned (cache, vectorised autotuned map, autotuned
-    prefetch, uint8 transfer). Printed: the throughput ratio tuned / naive.
+(a) the input-bound preset, `experiment=pipelines` (conf/experiment/pipelines.yaml: 16,384
+    synthetic uint8 32x32x3 images, 8 augmentation rounds per image on the host, MLP with one
+    hidden layer of 16, global batch 512, 3 epochs): pipeline=naive (serial map, no prefetch,
+    autotune off, float32 transfer) against pipeline=tuned (cache, vectorised autotuned map,
+    autotuned prefetch, uint8 transfer), tuned with `measure.ceilings=true`. Printed: the
+    throughput ratio tuned / naive (target >= 1.8) and tuned's efficiency, i.e. its throughput ÷
+    min(compute ceiling, input ceiling) as the run reports it (target >= 0.9).
 
-(b) a workload with known latencies: data=artificial (each element sleeps 1 ms in a generator,
+(b) the workload `experiment=pipelines` had before (2,048 images, 4 augmentation rounds, the
+    default MLP of 128 units, batch 128, 2 epochs), same two sides: input and compute cost about
+    the same there, so on 2 shared cores they add up instead of overlapping (see benchmarks/README.md).
+    Left out in smoke mode.
+
+(c) a workload with known latencies: data=artificial (each element sleeps 1 ms in a generator,
     each train step sleeps 20 ms), split=uniform, pipeline=naive, no shuffle, global batch 16;
     pipeline.prefetch=0 against pipeline.prefetch=2. Without prefetch a step costs input +
-    compute; with it the two overlap and a step costs max(input, compute). The observed
-    throughput ratio is printed next to the ratio predicted from the two latencies measured
-    independently in the same round with plain perf_counter and none of bwopt's timing code:
-    input = 48 batches (two passes over the training files) of the same tf.data pipeline
-    (prefetch 0) iterated alone; compute = 30 calls of the same train step
+    compute; with it the two overlap and a step costs max(input, compute). The observed ratio is
+    printed next to the ratio predicted from the two latencies measured independently in the
+    same round with plain perf_counter and none of bwopt's timing code: input = 48 batches of the
+    same tf.data pipeline (prefetch 0) iterated alone; compute = 30 calls of the same train step
     (bwopt.train.make_step_functions, with its 20 ms sleep) on one batch, each read on the host.
 
-TensorFlow fixes its devices once per process, so all runs share the default device set-up
-(2 logical CPUs; the default strategy uses the first).
+TensorFlow fixes its devices once per process, so all runs share the default device set-up.
 
-Run: `.venv/bin/python benchmarks/pipeline_payoff.py` (about 55 s on 2 cores).
+Run: `.venv/bin/python benchmarks/pipeline_payoff.py` (about 4 min on 2 cores);
+`BWOPT_BENCHMARK_SMOKE=1` runs one round of (a) shrunk and (c) (the smoke test).
 """
 
-import contextlib
-import io
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from _common import QUIET, SMOKE, compose, configure_devices, load_line, ratios, run_bwopt, spread, verdict
 
-ROUNDS = 8
-COMMON = ["tracking=none", "measure.memcpy_bandwidth=false", "measure.progress=false"]
-SYNTHETIC = [
+ROUNDS = 1 if SMOKE else 5
+COMMON = ["tracking=none", *QUIET]
+PRESET = ["experiment=pipelines"]
+if SMOKE:  # one short run per side, the preset's shape otherwise
+    PRESET += ["data.num_examples=2048", "train.global_batch_size=128", "train.epochs=2", "measure.ceiling_steps=20"]
+EARLIER = [
     "data=synthetic",
     "data.num_examples=2048",
     "data.image_shape=[32,32,3]",
@@ -67,37 +73,19 @@ ARTIFICIAL = [
     "model.hidden_units=[8]",
 ]
 VARIANTS = {
-    "synthetic, pipeline=naive": [*SYNTHETIC, "pipeline=naive"],
-    "synthetic, pipeline=tuned": [*SYNTHETIC, "pipeline=tuned"],
+    "preset, pipeline=naive": [*PRESET, "pipeline=naive"],
+    "preset, pipeline=tuned": [*PRESET, "pipeline=tuned", "measure.ceilings=true"],
+    "earlier, pipeline=naive": [*EARLIER, "pipeline=naive"],
+    "earlier, pipeline=tuned": [*EARLIER, "pipeline=tuned", "measure.ceilings=true"],
     "artificial, prefetch=0": [*ARTIFICIAL, "pipeline.prefetch=0"],
     "artificial, prefetch=2": [*ARTIFICIAL, "pipeline.prefetch=2"],
 }
+if SMOKE:
+    VARIANTS = {name: overrides for name, overrides in VARIANTS.items() if not name.startswith("earlier")}
 INPUT_BATCHES = 48  # two passes over the 3 training files (24 batches each)
 COMPUTE_STEPS = 30
-
-
-def compose(overrides):
-    """(validated Config, resolved dict) of the real conf/ plus overrides."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from bwopt.app import config_dir, validate
-
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=[*COMMON, *overrides])
-    return validate(cfg), OmegaConf.to_container(cfg, resolve=True)
-
-
-def run_bwopt(config, resolved, scratch: Path):
-    """One bwopt run; returns its TimingFigures (the printed summary is discarded)."""
-    from bwopt.run import run
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        summary = run(config, output_dir=scratch, resolved=resolved)
-    if summary.status != "FINISHED" or summary.figures is None:
-        raise RuntimeError(f"bwopt run ended {summary.status} with figures {summary.figures}")
-    return summary.figures
+TARGET_RATIO = 1.8
+TARGET_EFFICIENCY = 0.9
 
 
 def independent_latencies(config):
@@ -135,51 +123,58 @@ def independent_latencies(config):
 
 
 def main() -> None:
-    from bwopt.devices import configure
-
     started_all = time.perf_counter()
     print_header()
-    configs = {name: compose(overrides) for name, overrides in VARIANTS.items()}
-    configure(configs["synthetic, pipeline=naive"][0].device)  # once per process: 2 logical CPUs
-    throughput = {name: [] for name in VARIANTS}
-    wait = {name: [] for name in VARIANTS}
+    configs = {name: compose([*COMMON, *overrides]) for name, overrides in VARIANTS.items()}
+    configure_devices(configs["preset, pipeline=naive"][0])
+    summaries = {name: [] for name in VARIANTS}
     predicted = []
+    pairs = [list(VARIANTS)[index : index + 2] for index in range(0, len(VARIANTS), 2)]
     with tempfile.TemporaryDirectory() as scratch:
         for round_number in range(ROUNDS):
-            for pair in (list(VARIANTS)[:2], list(VARIANTS)[2:]):
+            for pair in pairs:
                 for name in pair if round_number % 2 == 0 else reversed(pair):
-                    figures = run_bwopt(*configs[name], Path(scratch) / "run")
-                    throughput[name].append(figures.throughput_examples_per_s)
-                    wait[name].append(figures.input_wait_fraction)
-            input_s, compute_s = independent_latencies(configs["artificial, prefetch=0"][0])
-            predicted.append((input_s, compute_s))
-    report(throughput, wait, predicted, time.perf_counter() - started_all)
+                    summaries[name].append(run_bwopt(*configs[name], Path(scratch) / "run"))
+            predicted.append(independent_latencies(configs["artificial, prefetch=0"][0]))
+    report(summaries, predicted, time.perf_counter() - started_all)
 
 
 def print_header() -> None:
     lines = [
         "pipeline_payoff: bwopt runs (bwopt.run.run, tracking=none) compared side by side,",
-        f"  {ROUNDS} interleaved rounds (ABBA order); ratio = median of the per-round throughput ratios",
-        "  (a) synthetic 32x32x3 uint8, augment_repeats=4, batch 128, 2 epochs: pipeline=tuned vs pipeline=naive",
-        f"  (b) artificial, {ELEMENT_S * 1e3:g} ms/element, {COMPUTE_S * 1e3:g} ms/step, batch {ARTIFICIAL_BATCH}, "
+        f"  {ROUNDS} alternated rounds; ratio = median of the per-round throughput ratios (min-max); {load_line()}",
+        "  (a) experiment=pipelines: pipeline=tuned (with measure.ceilings=true) vs pipeline=naive",
+        "  (b) the preset's earlier workload (4 augment rounds, MLP 128, batch 128, 2,048 images): tuned vs naive",
+        f"  (c) artificial, {ELEMENT_S * 1e3:g} ms/element, {COMPUTE_S * 1e3:g} ms/step, batch {ARTIFICIAL_BATCH}, "
         + "pipeline=naive: prefetch=2 vs prefetch=0,",
         "      next to the ratio (input+compute)/max(input,compute) predicted from latencies timed alone",
     ]
     print("\n".join(lines), flush=True)
 
 
-def per_round_ratio(throughput, numerator: str, denominator: str) -> float:
-    return statistics.median(a / b for a, b in zip(throughput[numerator], throughput[denominator]))
-
-
-def report(throughput, wait, predicted, wall_s: float) -> None:
-    print(f"{ROUNDS} interleaved rounds of 4 bwopt runs each (bwopt.run.run, tracking=none), TF on CPU, {wall_s:.0f} s")
-    for name in VARIANTS:
-        print(
-            f"  {name:<28} median {statistics.median(throughput[name]):10,.1f} examples/s"
-            f"  (min {min(throughput[name]):,.1f}, max {max(throughput[name]):,.1f})"
-            f"  input wait {statistics.median(wait[name]):6.1%}"
-        )
+def report(summaries, predicted, wall_s: float) -> None:
+    throughput = {name: [s.figures.throughput_examples_per_s for s in runs] for name, runs in summaries.items()}
+    print(f"{ROUNDS} rounds, {wall_s:.0f} s")
+    for name, runs in summaries.items():
+        stall = statistics.median(s.figures.input_stall_fraction or 0.0 for s in runs)
+        print(f"  {name:<26} examples/s {spread(throughput[name], ',.0f')}  input stall {stall:6.1%}")
+        if "measure.ceilings=true" in VARIANTS[name]:
+            for key in ("compute_ceiling", "input_ceiling"):
+                values = [s.measurements[f"{key}_examples_per_s"] for s in runs]
+                half_range = statistics.median(s.measurements[f"{key}_spread"] for s in runs)
+                name_text = key.replace("_", " ")
+                print(f"    {name_text:<16} examples/s {spread(values, ',.0f')}  (± {half_range:.0%} in a run)")
+    for workload in ("preset", "earlier"):
+        if f"{workload}, pipeline=tuned" not in summaries:
+            continue
+        tuned, naive = f"{workload}, pipeline=tuned", f"{workload}, pipeline=naive"
+        per_round = ratios(throughput[tuned], throughput[naive])
+        efficiency = [s.measurements["efficiency"] for s in summaries[tuned]]
+        label = "experiment=pipelines" if workload == "preset" else "earlier workload"
+        note = f"  target >= {TARGET_RATIO}: {verdict(statistics.median(per_round), TARGET_RATIO)}"
+        print(f"ratio {label} throughput tuned/naive: {spread(per_round, '.2f')}{note}")
+        note = f"  target >= {TARGET_EFFICIENCY}: {verdict(statistics.median(efficiency), TARGET_EFFICIENCY)}"
+        print(f"ratio {label} tuned throughput / min(ceilings): {spread(efficiency, '.2f')}{note}")
     input_s = statistics.median(p[0] for p in predicted)
     compute_s = statistics.median(p[1] for p in predicted)
     expected = statistics.median((i + c) / max(i, c) for i, c in predicted)
@@ -187,11 +182,9 @@ def report(throughput, wait, predicted, wall_s: float) -> None:
         f"  artificial, measured independently: input {input_s * 1e3:.2f} ms/batch, "
         f"compute {compute_s * 1e3:.2f} ms/step (medians over rounds)"
     )
-    tuned = per_round_ratio(throughput, "synthetic, pipeline=tuned", "synthetic, pipeline=naive")
-    prefetch = per_round_ratio(throughput, "artificial, prefetch=2", "artificial, prefetch=0")
-    print(f"ratio synthetic+augment throughput tuned/naive: {tuned:.2f}")
+    per_round = ratios(throughput["artificial, prefetch=2"], throughput["artificial, prefetch=0"])
     print(
-        f"ratio artificial throughput prefetch=2/prefetch=0: {prefetch:.2f}"
+        f"ratio artificial throughput prefetch=2/prefetch=0: {spread(per_round, '.2f')}"
         f" (predicted (input+compute)/max(input,compute): {expected:.2f})"
     )
 

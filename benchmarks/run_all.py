@@ -19,7 +19,11 @@ REPO = HERE.parent
 
 
 def benchmark_scripts():
-    return sorted(path for path in HERE.glob("*.py") if path.resolve() != Path(__file__).resolve())
+    return sorted(
+        path
+        for path in HERE.glob("*.py")
+        if path.resolve() != Path(__file__).resolve() and not path.name.startswith("_")
+    )
 
 
 def main() -> int:

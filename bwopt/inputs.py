@@ -65,11 +65,23 @@ def plan(config, source) -> InputPlan:
             f"pipeline.transfer_dtype={transfer} would truncate the {source.feature_dtype} features of "
             f"data={config.data.name}; use float32, float16 or bfloat16 (or integer features, e.g. data.dtype=uint8)"
         )
+    if num_validation == 0 and config.mode == "train":
+        raise ConfigError(
+            f"split.validation_fraction={config.split.validation_fraction} holds out no example of the "
+            f"{num_train} of data={config.data.name}, so no epoch could be validated; raise it"
+        )
     batch = config.train.global_batch_size
     steps_per_epoch = config.train.steps_per_epoch or num_train // batch
     if steps_per_epoch == 0:
         raise ConfigError(
             f"train.global_batch_size={batch} is larger than the {num_train} training examples; use a smaller batch"
+        )
+    per_execution = steps_per_execution(config)
+    steps_per_epoch -= steps_per_epoch % per_execution  # whole executions per epoch
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"train.steps_per_execution={per_execution} is more than the {num_train // batch} steps of an epoch "
+            f"({num_train} training examples in batches of {batch}); lower it or set train.steps_per_epoch"
         )
     steps = step_plan(config, steps_per_epoch)
     if config.mode != "inference" and not steps.timed():
@@ -91,19 +103,37 @@ def plan(config, source) -> InputPlan:
     )
 
 
+def steps_per_execution(config) -> int:
+    """Training steps per loop step: `train.steps_per_execution` in mode=train, else 1."""
+    return config.train.steps_per_execution if config.mode == "train" else 1
+
+
 def step_plan(config, steps_per_epoch: int) -> StepPlan:
     """The one place the config becomes warm-up, excluded and timed steps (bwopt.measure.timing).
 
     Training runs `train.epochs` epochs, each with a validation pass after it, so each later
     epoch starts with `train.epoch_warmup_steps` untimed steps, and profiled steps are left out.
     `mode=input` iterates the same number of batches without a break, as one epoch.
+
+    With `train.steps_per_execution` N > 1 the plan counts loop steps, i.e. executions of N
+    training steps (`steps_per_epoch` must be a multiple of N): warm-up and epoch warm-up are
+    rounded up to whole executions, and an execution that holds a profiled step is left out.
     """
     train = config.train
     epoch_warmup = train.warmup_steps if train.epoch_warmup_steps is None else train.epoch_warmup_steps
     if config.mode != "train":
         return StepPlan(1, train.epochs * steps_per_epoch, train.warmup_steps)
+    per_execution = steps_per_execution(config)
     start, count = config.measure.profile_start_step, config.measure.profile_num_steps
-    return StepPlan(train.epochs, steps_per_epoch, train.warmup_steps, epoch_warmup, tuple(range(start, start + count)))
+    profiled = range(start // per_execution, -(-(start + count) // per_execution)) if count else ()
+    return StepPlan(
+        train.epochs,
+        steps_per_epoch // per_execution,
+        -(-train.warmup_steps // per_execution),
+        -(-epoch_warmup // per_execution),
+        tuple(profiled),
+        per_execution,
+    )
 
 
 class Inputs:
@@ -193,3 +223,30 @@ class Inputs:
             value_range=self.source.value_range,
             service=self.service if training else None,
         )
+
+    def ready_dataset(self, input_context=None):
+        """The training dataset's first batch, cached and repeated forever: batches that are always ready.
+
+        Iterated through the same distribution as training, it times the fixed cost of fetching a
+        batch (`bwopt.measure.overhead`). Built without the tf.data service.
+        """
+        from bwopt.data.tfrecord import tf_count
+        from bwopt.pipeline import build_dataset
+
+        batch = self.config.train.global_batch_size
+        num_pipelines, pipeline_id = 1, 0
+        if input_context is not None:
+            batch = input_context.get_per_replica_batch_size(batch)
+            num_pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
+        dataset = build_dataset(
+            self.config.pipeline,
+            self.elements(True, num_pipelines, pipeline_id),
+            batch,
+            training=True,
+            seed=self.config.seed,
+            value_range=self.source.value_range,
+        )
+        dataset = dataset.take(1).cache().repeat()
+        # The same buffer hand-off as training's last stage: next() then costs what it costs there.
+        prefetch = self.config.pipeline.prefetch
+        return dataset.prefetch(tf_count(prefetch)) if prefetch != 0 else dataset

@@ -69,16 +69,22 @@ class HookList(Hook):
 
 
 def timed_loop(
-    iterator: Iterator, step: Callable[[Any], Any], epochs: int, steps_per_epoch: int, hooks: Sequence[Hook] = ()
+    iterator: Iterator,
+    step: Callable[[Any], Any],
+    epochs: int,
+    steps_per_epoch: int,
+    hooks: Sequence[Hook] = (),
+    first_epoch: int = 0,
 ) -> None:
-    """Run `epochs` x `steps_per_epoch` steps of `step(next(iterator))`, timing each one.
+    """Run epochs `first_epoch` .. `epochs - 1` of `steps_per_epoch` steps of `step(next(iterator))`,
+    timing each one; steps are numbered from the first epoch's (a resumed run's earlier epochs count).
 
     Raises whatever `next`, `step` or a hook raises (a hook stops the loop by raising, e.g.
     KeyboardInterrupt from the stop check); `on_loop_end` runs in any case.
     """
     hook = HookList(hooks)
     try:
-        for epoch in range(epochs):
+        for epoch in range(first_epoch, epochs):
             hook.on_epoch_begin(epoch)
             for index in range(steps_per_epoch):
                 number = epoch * steps_per_epoch + index

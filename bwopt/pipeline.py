@@ -4,7 +4,8 @@ Order of the training pipeline (validation skips shuffle, repeat, augmentation, 
 service):
 
     elements  in-memory slices | TFRecord shards | files via interleave
-    map       cast to the transfer dtype               } with vectorized_map, both maps run
+    map       cast to the transfer dtype (none when    } with vectorized_map, both maps run
+              the features already have that dtype)    }
     cache / snapshot                                   } as one after batch, and cache and
     shuffle, repeat                                    } snapshot hold the raw elements
     map       augmentation rounds (when on)            }
@@ -102,12 +103,16 @@ def build_dataset(
         value_range: (min, max) of the stored features, kept by augmentation.
         service: applied to the batched dataset to send it through the tf.data service.
     """
-    cast = make_cast(config)
+    import tensorflow as tf
+
+    # A cast to the dtype the features already have is no work: leave the map out altogether.
+    needs_cast = elements.element_spec[0].dtype != tf.dtypes.as_dtype(config.transfer_dtype)
+    cast = make_cast(config) if needs_cast else None
     augment = make_augment(config, value_range) if training else None
     parallel = parallel_arguments(config, config.map_parallelism)
     options = dataset_options(config)
     dataset = elements
-    if not config.vectorized_map:
+    if cast and not config.vectorized_map:
         dataset = dataset.map(cast, **parallel)
     if training:
         dataset = cache_and_snapshot(config, dataset)
@@ -118,10 +123,10 @@ def build_dataset(
         if augment and not config.vectorized_map:
             dataset = dataset.map(augment, **parallel)
     dataset = dataset.batch(batch_size, drop_remainder=training)
-    if config.vectorized_map:
+    if config.vectorized_map and (cast or augment):
 
         def preprocess(features, labels):
-            features, labels = cast(features, labels)
+            features, labels = cast(features, labels) if cast else (features, labels)
             return augment(features, labels) if augment else (features, labels)
 
         dataset = dataset.map(preprocess, **parallel)

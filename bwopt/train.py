@@ -1,8 +1,16 @@
-"""Training: the distributed, compiled train and evaluation steps, and epochs of them in the timed loop."""
+"""Training: the distributed, compiled train and evaluation steps, and epochs of them in the timed loop.
 
+With `steps_per_execution` N > 1 (Keras's name and meaning), one call of a compiled function runs
+N training steps: a loop in the graph takes each batch from the distributed iterator and runs the
+distributed step, and the host reads the summed results once per call. The timed loop then
+times executions, not steps (`bwopt.measure.timing` says what that means for the figures).
+"""
+
+import itertools
+import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from bwopt.loop import Hook, StepRecord, timed_loop
 from bwopt.measure.ceilings import read_on_host
@@ -11,8 +19,22 @@ from bwopt.measure.timing import StepPlan
 
 @dataclass
 class StepFunctions:
+    """Compiled distributed functions, each returning (summed loss, correct, examples) over replicas.
+
+    Attributes:
+        train_step: one training step on a distributed batch.
+        evaluate_step: one evaluation step on a distributed batch.
+        empty_step: the train step's signature and reduction with no computation (dispatch cost).
+        train_execution: N training steps on batches taken from a distributed iterator inside
+            the graph, results summed; None when steps_per_execution is 1.
+        steps_per_execution: N.
+    """
+
     train_step: Callable
     evaluate_step: Callable
+    empty_step: Optional[Callable] = None
+    train_execution: Optional[Callable] = None
+    steps_per_execution: int = 1
 
 
 def make_step_functions(
@@ -23,10 +45,12 @@ def make_step_functions(
     feature_scale: float,
     jit_compile: bool,
     step_compute_s: float = 0.0,
-):
+    steps_per_execution: int = 1,
+) -> StepFunctions:
     """Distributed train and evaluation steps, each returning (summed loss, correct, examples) over replicas.
 
-    `step_compute_s` adds a known sleep to every train step (the artificial workload).
+    `step_compute_s` adds a known sleep to every train step (the artificial workload);
+    `steps_per_execution` > 1 adds `train_execution`.
     """
     import keras
     import tensorflow as tf
@@ -60,6 +84,7 @@ def make_step_functions(
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         if step_compute_s:
             slept = tf.py_function(lambda: time.sleep(step_compute_s) or 0.0, [], tf.float32)
+            slept = tf.ensure_shape(slept, [])  # a scalar, as the loop of train_execution needs
             replica_sums = (replica_sums[0] + slept, *replica_sums[1:])
         return replica_sums
 
@@ -67,15 +92,33 @@ def make_step_functions(
         logits = model(to_model_inputs(features), training=False)
         return sums(labels, logits, per_example_loss(labels, logits))
 
+    def replica_empty(features, labels):
+        return tuple(tf.zeros((), tf.float32) for _ in range(3))
+
+    def reduced_sums(replica_fn, batch):
+        replica_sums = strategy.run(replica_fn, args=batch)
+        return tuple(
+            tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None), tf.float32) for value in replica_sums
+        )
+
     def reduced(replica_fn):
-        @tf.function
-        def step(batch):
-            replica_sums = strategy.run(replica_fn, args=batch)
-            return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) for value in replica_sums)
+        return tf.function(lambda batch: reduced_sums(replica_fn, batch))
 
-        return step
+    @tf.function
+    def train_execution(iterator):
+        totals = (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0))
+        for _ in tf.range(steps_per_execution):
+            step_sums = reduced_sums(replica_train, next(iterator))
+            totals = tuple(total + value for total, value in zip(totals, step_sums))
+        return totals
 
-    return StepFunctions(reduced(replica_train), reduced(replica_evaluate))
+    return StepFunctions(
+        train_step=reduced(replica_train),
+        evaluate_step=reduced(replica_evaluate),
+        empty_step=reduced(replica_empty),
+        train_execution=train_execution if steps_per_execution > 1 else None,
+        steps_per_execution=steps_per_execution,
+    )
 
 
 def evaluate(steps: StepFunctions, distributed_validation) -> Dict[str, float]:
@@ -87,6 +130,23 @@ def evaluate(steps: StepFunctions, distributed_validation) -> Dict[str, float]:
     if not num_examples:
         return {}
     return {"val_loss": float(loss_sum / num_examples), "val_accuracy": float(correct / num_examples)}
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training diverged: the loss is NaN or infinite."""
+
+
+class TerminateOnNaN(Hook):
+    """Stop at the first step whose loss is NaN or infinite (Keras's TerminateOnNaN): the run ends
+    FAILED with the reason, instead of training on and reporting figures of a broken model."""
+
+    def on_step_end(self, step: int, record: StepRecord) -> None:
+        loss_sum = float(record.results[0])
+        if not math.isfinite(loss_sum):
+            raise NonFiniteLoss(
+                f"the training loss became {loss_sum} at step {step}: training diverged; lower "
+                "train.learning_rate (or set train.terminate_on_nan=false to train on regardless)"
+            )
 
 
 class EpochMetrics(Hook):
@@ -114,15 +174,25 @@ class EpochMetrics(Hook):
 def train(
     steps: StepFunctions, train_iterator, distributed_validation, plan: StepPlan, hooks: Sequence[Hook] = ()
 ) -> Dict[str, float]:
-    """Train for `plan.epochs` x `plan.steps_per_epoch` timed steps; returns the last epoch's metrics.
+    """Train for `plan.epochs` x `plan.steps_per_epoch` timed loop steps; returns the last epoch's metrics.
 
-    Each step reads its results on the host, so its compute time is the step's on every replica.
+    Each loop step reads its results on the host, so its compute time is the step's on every
+    replica. With `steps.train_execution`, a loop step is one execution of
+    `steps.steps_per_execution` training steps: the loop's `next()` hands it the distributed
+    iterator itself (no host fetch), and the execution takes its batches inside the graph.
     After each epoch, one pass over `distributed_validation`; `hooks` then see the epoch's
     metrics (loss, accuracy, val_loss, val_accuracy) in `on_epoch_end`'s logs. `train_iterator`
     is an iterator over the distributed training dataset; the caller keeps it, warm, for what it
     measures after training.
     """
     metrics = EpochMetrics(steps, distributed_validation)
-    step = lambda batch: read_on_host(steps.train_step(batch))  # noqa: E731
-    timed_loop(train_iterator, step, plan.epochs, plan.steps_per_epoch, [metrics, *hooks])
+    if steps.train_execution is None:
+        step = lambda batch: read_on_host(steps.train_step(batch))  # noqa: E731
+        timed_loop(train_iterator, step, plan.epochs, plan.steps_per_epoch, [metrics, *hooks], plan.first_epoch)
+    else:
+        execution = lambda iterator: read_on_host(steps.train_execution(iterator))  # noqa: E731
+        loop_hooks = [metrics, *hooks]
+        timed_loop(
+            itertools.repeat(train_iterator), execution, plan.epochs, plan.steps_per_epoch, loop_hooks, plan.first_epoch
+        )
     return metrics.last

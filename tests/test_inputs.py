@@ -75,3 +75,22 @@ def test_steps_per_epoch_sets_the_number_of_steps(run_experiment):
 def test_profiling_late_steps_leaves_the_earlier_ones_timed(run_experiment, overrides, timed):
     summary = run_experiment("tracking=none", "train.epochs=1", "train.warmup_steps=5", *overrides)
     assert summary.figures.num_timed_steps == timed
+
+
+def test_steps_per_execution_plans_whole_executions():
+    from conftest import compose_config
+
+    from bwopt.app import validate
+    from bwopt.inputs import step_plan
+    from bwopt.schema import ConfigError
+
+    config = validate(compose_config(["train.steps_per_execution=8", "train.warmup_steps=5", "train.epochs=2"]))
+    plan = step_plan(config, 32)
+    assert (plan.steps_per_epoch, plan.warmup_steps, plan.epoch_warmup_steps, plan.steps_per_execution) == (4, 1, 1, 8)
+    with pytest.raises(ConfigError, match="train.steps_per_epoch=20 is not a multiple of train.steps_per_execution=8"):
+        validate(compose_config(["train.steps_per_execution=8", "train.steps_per_epoch=20"]))
+
+
+def test_a_split_that_holds_out_nothing_is_refused_before_training():
+    with pytest.raises(ConfigError, match=r"split.validation_fraction=0.0001 holds out no example"):
+        planned("split=uniform", "split.validation_fraction=0.0001")

@@ -78,3 +78,15 @@ def test_train_runs_the_planned_epochs_and_the_loss_falls():
     last = train(steps, iter(batches(16, 8).repeat()), batches(16, 4), StepPlan(3, 8, 2), [timer, hook])
     assert timer.num_steps == 24 and len(epochs) == 3 and epochs[-1] == last
     assert epochs[-1]["loss"] < epochs[0]["loss"]
+
+
+def test_a_diverging_run_stops_at_the_first_nan_loss_and_ends_failed(run_experiment, mlflow_client):
+    from bwopt.train import NonFiniteLoss
+
+    with pytest.raises(NonFiniteLoss, match=r"the training loss became (nan|inf) at step \d+: training diverged"):
+        run_experiment("train.optimizer=sgd", "train.learning_rate=1e9", "train.epochs=5", experiment="diverging")
+    experiment = mlflow_client.get_experiment_by_name("diverging")
+    (run,) = mlflow_client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FAILED" and "training diverged" in run.data.tags["bwopt.end_reason"]
+    # It stopped at once: not five epochs of NaN.
+    assert len(mlflow_client.get_metric_history(run.info.run_id, "loss")) <= 1

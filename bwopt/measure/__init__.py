@@ -2,6 +2,7 @@
 
 - `timing`: the timed loop (throughput, step-time percentiles, jitter, input wait, verdict);
 - `ceilings`: the train step alone and the input pipeline alone;
+- `overhead`: the per-call costs that split input wait into input stall and host overhead;
 - `host`: memcpy bandwidth and peak memory, measured in the run's own process;
 - `inference`: forward-pass throughput and latency;
 - `advice`: efficiency against the ceilings and the recommendation.
@@ -9,7 +10,7 @@
 Nothing here imports TensorFlow at module level.
 """
 
-from bwopt.measure.advice import Ceilings, efficiency, pipeline_knobs_off, recommend
+from bwopt.measure.advice import Ceilings, efficiency, efficiency_spread, pipeline_knobs_off, recommend, relative_spread
 from bwopt.measure.ceilings import compute_ceiling, input_ceiling, read_on_host, wait_for_batch
 from bwopt.measure.host import (
     host_memcpy_bandwidth_bytes_per_s,
@@ -19,13 +20,17 @@ from bwopt.measure.host import (
     reset_peak_host_rss,
 )
 from bwopt.measure.inference import InferenceFigures, measure_inference
+from bwopt.measure.overhead import dispatch_overhead_s, fetch_overhead_s, ready_execution_s
 from bwopt.measure.timing import (
     HIGHLY_INPUT_BOUND,
+    HOST_OVERHEAD_BOUND,
     MAD_TO_SIGMA,
     MODERATELY_INPUT_BOUND,
+    HostReferences,
     StepPlan,
     StepTimer,
     TimingFigures,
+    bottleneck_verdict,
     input_bound_verdict,
     jitter,
     timing_figures,
@@ -34,6 +39,14 @@ from bwopt.measure.timing import (
 __all__ = [
     "Ceilings",
     "HIGHLY_INPUT_BOUND",
+    "HOST_OVERHEAD_BOUND",
+    "HostReferences",
+    "bottleneck_verdict",
+    "dispatch_overhead_s",
+    "efficiency_spread",
+    "fetch_overhead_s",
+    "ready_execution_s",
+    "relative_spread",
     "InferenceFigures",
     "MAD_TO_SIGMA",
     "MODERATELY_INPUT_BOUND",

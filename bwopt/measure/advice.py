@@ -1,7 +1,8 @@
 """What the figures mean together: efficiency against the ceilings, and what to try next."""
 
+import statistics
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from bwopt.measure.timing import TimingFigures
 
@@ -10,15 +11,35 @@ from bwopt.measure.timing import TimingFigures
 class Ceilings:
     """Throughput ceilings measured apart from training (see `bwopt.measure.ceilings`); None = not measured.
 
+    Each ceiling is measured in several blocks (compute and input blocks alternating, so drift
+    in the machine's speed falls on both); a ceiling is the median over its blocks, its spread
+    the half range of the blocks relative to that median, `(max - min) / 2 / median`.
+
     Attributes:
         compute_examples_per_s: the train step alone, repeated on one batch already on the devices.
         input_examples_per_s: the distributed dataset alone, iterated without training.
         input_bytes_per_s: the same, in bytes as transferred (features plus labels).
+        compute_spread, input_spread: relative half range over the blocks (0 with one block).
     """
 
     compute_examples_per_s: Optional[float] = None
     input_examples_per_s: Optional[float] = None
     input_bytes_per_s: Optional[float] = None
+    compute_spread: Optional[float] = None
+    input_spread: Optional[float] = None
+
+    @classmethod
+    def from_blocks(
+        cls, compute_blocks: Sequence[float], input_blocks: Sequence[float], input_bytes_blocks: Sequence[float]
+    ) -> "Ceilings":
+        """Medians and spreads of per-block examples/s (and the input's bytes/s)."""
+        return cls(
+            compute_examples_per_s=statistics.median(compute_blocks),
+            input_examples_per_s=statistics.median(input_blocks),
+            input_bytes_per_s=statistics.median(input_bytes_blocks),
+            compute_spread=relative_spread(compute_blocks),
+            input_spread=relative_spread(input_blocks),
+        )
 
     def metrics(self) -> Dict[str, float]:
         """The measured ceilings as MLflow metrics, e.g. `compute_ceiling_examples_per_s`."""
@@ -26,8 +47,31 @@ class Ceilings:
             "compute_ceiling_examples_per_s": self.compute_examples_per_s,
             "input_ceiling_examples_per_s": self.input_examples_per_s,
             "input_ceiling_bytes_per_s": self.input_bytes_per_s,
+            "compute_ceiling_spread": self.compute_spread,
+            "input_ceiling_spread": self.input_spread,
         }
         return {key: value for key, value in named.items() if value is not None}
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """Half the range of `values` relative to their median: (max - min) / 2 / median."""
+    return (max(values) - min(values)) / 2 / statistics.median(values)
+
+
+def efficiency_spread(efficiency_value: float, ceiling_metrics: Dict[str, float]) -> Optional[float]:
+    """Efficiency x the relative spread of the lower ceiling; None when that spread was not measured.
+
+    `ceiling_metrics` holds `Ceilings.metrics()` keys (other keys are ignored).
+    """
+    measured = [
+        (ceiling_metrics[f"{name}_ceiling_examples_per_s"], name)
+        for name in ("compute", "input")
+        if f"{name}_ceiling_examples_per_s" in ceiling_metrics
+    ]
+    if not measured:
+        return None
+    spread = ceiling_metrics.get(f"{min(measured)[1]}_ceiling_spread")
+    return None if spread is None else efficiency_value * spread
 
 
 def efficiency(
@@ -38,7 +82,8 @@ def efficiency(
     """Training throughput / the lower of the measured ceilings; None when neither was measured.
 
     1.0 means training runs as fast as its slower part allows on its own; overlap lost between
-    input and compute (no prefetch, host syncs) shows up as less.
+    input and compute (no prefetch, host syncs) shows up as less. Above 1.0 is measurement noise
+    (training cannot beat its own ceiling): show it only with `efficiency_spread`.
     """
     measured = [c for c in (compute_ceiling_examples_per_s, input_ceiling_examples_per_s) if c is not None]
     if not measured:
@@ -88,16 +133,34 @@ def recommend(
 ) -> str:
     """One or two sentences on what limits the run and which knob to turn next.
 
-    Input-bound runs (verdict moderately or highly) name the pipeline settings that are off;
-    other runs are compute-bound and get the compute-side knobs. The ceilings, when measured,
-    are quoted next to the throughput.
+    The verdict is `figures.verdict` (the input-wait verdict when the wait was not split).
+    Input-bound runs name the pipeline settings that are off; host-overhead-bound runs get
+    `train.steps_per_execution`; compute-bound runs get the compute-side knobs. The ceilings,
+    when measured, are quoted next to the throughput.
     """
-    verdict = "compute-bound" if figures.input_bound_verdict == "not input-bound" else figures.input_bound_verdict
-    diagnosis = (
-        f"{verdict}: {figures.input_wait_fraction * 100:.0f} % of step time waits for input at "
+    verdict = figures.verdict or (
+        "compute-bound" if figures.input_bound_verdict == "not input-bound" else figures.input_bound_verdict
+    )
+    rate = (
         f"{figures.throughput_examples_per_s:,.0f} examples/s"
         f"{_ceiling_numbers(compute_ceiling_examples_per_s, input_ceiling_examples_per_s)}"
     )
+    if figures.input_stall_fraction is None:
+        wait = f"{figures.input_wait_fraction * 100:.0f} % of step time waits for input"
+    else:
+        wait = (
+            f"input stall {figures.input_stall_fraction * 100:.0f} %, host overhead "
+            f"{figures.host_overhead_fraction * 100:.0f} % of step time"
+        )
+    diagnosis = f"{verdict}: {wait} at {rate}"
+    if verdict == "host-overhead-bound":
+        steps = figures.steps_per_execution
+        cure = (
+            f"set train.steps_per_execution={max(8, 4 * steps)} (fewer host round trips per step)"
+            if steps < 32
+            else "use a larger train.global_batch_size (fewer steps for the same examples)"
+        )
+        return f"{diagnosis}. The host's fixed cost per step (fetch a ready batch, dispatch, sync) dominates: {cure}"
     if verdict == "compute-bound":
         precision = "mixed_bfloat16" if on_cpu else "mixed_float16 / mixed_bfloat16"
         return f"{diagnosis}. Try strategy=mirrored, a larger train.global_batch_size, or device.precision={precision}"

@@ -8,15 +8,39 @@ A training step is timed in two parts on the host's monotonic clock (`time.perf_
   reads them, so the step has finished on every replica).
 
 Step time is their sum. Steps run back to back, so the sum of the step times of the timed steps
-is the wall time they took. Which steps are timed is a `StepPlan`: excluded are the first
+is the wall time they took.
+
+The input wait holds two different costs, told apart with references measured in the same run
+(`bwopt.measure.overhead`):
+
+- input stall: the part of a step's input wait beyond the fixed cost of fetching a batch that
+  is ready (`fetch_overhead_s`, `next()` on the same distributed iterator type over one cached
+  batch), i.e. the time the step waited for a pipeline that had not produced its batch yet;
+  per step `max(0, input_wait - fetch_overhead_s)`. The TF Profiler's thresholds apply to it.
+- host overhead: what the host pays per step whatever the pipeline does: that fetch cost
+  (`min(input_wait, fetch_overhead_s)`) plus dispatching the step and reading its results
+  (`dispatch_overhead_s`, a distributed step that computes nothing, on the same batch, read on
+  the host; at most the step's compute time). Its cure is fewer host round trips per training
+  step: `train.steps_per_execution`.
+
+With `train.steps_per_execution: N > 1` one loop step is one execution of N training steps in
+one `tf.function` call, which takes the batches from the distributed iterator inside the graph:
+the host calls `next()` on nothing, so input wait is zero and "compute" is the whole execution
+(N fetches in the graph, N steps, one dispatch, one read of the results). The stall cannot be
+timed inside the graph; it is estimated over all timed executions as
+`max(0, sum(execution) - num_executions x ready_execution_s)`, where `ready_execution_s` is the
+median of block means of the same N-step function over an iterator of one cached batch (batches
+always ready), and the host overhead is one `dispatch_overhead_s` per execution. The estimate
+is as good as that reference: machine noise between the two measurements moves it by a few %.
+Step-time figures are per training step (execution / N). Which steps are timed is a `StepPlan`: excluded are the first
 `warmup_steps` steps (tracing, autotuning, cache fill); the first `epoch_warmup_steps` steps of
 every later epoch, because the input pipeline keeps filling its buffers during the validation pass
 between epochs, so those steps would get their batches for free; and steps a profiler traced.
 Validation itself is not part of any step.
 """
 
-from dataclasses import asdict, dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from dataclasses import asdict, dataclass, field, fields
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,6 +49,10 @@ from bwopt.loop import Hook, StepRecord
 # TensorFlow Profiler's input-pipeline analyzer thresholds on the input-wait fraction.
 MODERATELY_INPUT_BOUND = 0.05
 HIGHLY_INPUT_BOUND = 0.20
+
+# Host overhead (fetch of a ready batch, dispatch, host sync) at or above this share of step time
+# names the run host-overhead-bound: fusing N steps per call could then gain >= 1.25x.
+HOST_OVERHEAD_BOUND = 0.20
 
 # Scales the median absolute deviation to the standard deviation of a normal distribution.
 MAD_TO_SIGMA = 1.4826
@@ -63,8 +91,18 @@ class TimingFigures:
             (linear interpolation between order statistics).
         step_time_jitter_s: 1.4826 x the median absolute deviation of the step time, a spread
             that a few outliers (a GC pause, an epoch boundary) do not inflate.
-        input_wait_fraction: total input wait / timed_wall_s.
-        input_bound_verdict: the TF Profiler's reading of input_wait_fraction.
+        input_wait_fraction: total input wait / timed_wall_s (stall and fetch cost together).
+        input_bound_verdict: the TF Profiler's reading of input_stall_fraction (of
+            input_wait_fraction when no reference was measured).
+        steps_per_execution: training steps per loop step (`train.steps_per_execution`).
+        fetch_overhead_s: median `next()` time on a ready batch (None: not measured, or N > 1).
+        dispatch_overhead_s: median time of a step that computes nothing, dispatch to host read.
+        ready_execution_s: N > 1 only: median time of one execution on batches always ready.
+        input_stall_fraction: total input stall / timed_wall_s (None: no reference measured).
+        host_overhead_fraction: total host overhead / timed_wall_s (None: no reference measured).
+        verdict: what limits the run: "highly input-bound" or "moderately input-bound" (the
+            Profiler's thresholds on the stall), "host-overhead-bound" (host overhead >= 20 %
+            of step time), else "compute-bound"; see `bottleneck_verdict`.
     """
 
     num_timed_steps: int
@@ -77,10 +115,17 @@ class TimingFigures:
     step_time_jitter_s: float
     input_wait_fraction: float
     input_bound_verdict: str
+    steps_per_execution: int = 1
+    fetch_overhead_s: Optional[float] = None
+    dispatch_overhead_s: Optional[float] = None
+    ready_execution_s: Optional[float] = None
+    input_stall_fraction: Optional[float] = None
+    host_overhead_fraction: Optional[float] = None
+    verdict: str = ""
 
     def metrics(self) -> dict:
-        """The numeric figures, as MLflow metrics."""
-        return {key: value for key, value in asdict(self).items() if not isinstance(value, str)}
+        """The numeric figures that were measured, as MLflow metrics."""
+        return {key: value for key, value in asdict(self).items() if value is not None and not isinstance(value, str)}
 
 
 def input_bound_verdict(input_wait_fraction: float) -> str:
@@ -90,6 +135,59 @@ def input_bound_verdict(input_wait_fraction: float) -> str:
     if input_wait_fraction < HIGHLY_INPUT_BOUND:
         return "moderately input-bound"
     return "highly input-bound"
+
+
+def bottleneck_verdict(input_stall_fraction: float, host_overhead_fraction: float) -> str:
+    """The run's bottleneck, in this order: a stall of >= 20 % of step time is "highly input-bound";
+    else host overhead >= 20 % is "host-overhead-bound"; else a stall of >= 5 % is "moderately
+    input-bound"; else "compute-bound" (the device's own work, or the step's math on the CPU)."""
+    input_verdict = input_bound_verdict(input_stall_fraction)
+    if input_verdict == "highly input-bound":
+        return input_verdict
+    if host_overhead_fraction >= HOST_OVERHEAD_BOUND:
+        return "host-overhead-bound"
+    return "compute-bound" if input_verdict == "not input-bound" else input_verdict
+
+
+@dataclass(frozen=True)
+class HostReferences:
+    """Per-call costs measured apart from training, in the same run (`bwopt.measure.overhead`).
+
+    Attributes:
+        fetch_overhead_s: `next()` on a ready batch (steps_per_execution 1; else None).
+        dispatch_overhead_s: a distributed step that computes nothing, dispatched and read on the host.
+        ready_execution_s: one N-step execution on batches always ready (steps_per_execution > 1).
+    """
+
+    dispatch_overhead_s: float
+    fetch_overhead_s: Optional[float] = None
+    ready_execution_s: Optional[float] = None
+
+    def metrics(self) -> Dict[str, float]:
+        """The measured references by field name; a mode returns them with its figures."""
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+    @classmethod
+    def split_from(cls, figures: Dict[str, float]) -> Tuple[Optional["HostReferences"], Dict[str, float]]:
+        """(the references among a mode's figures, or None; the other figures)."""
+        names = {item.name for item in fields(cls)}
+        found = {key: value for key, value in figures.items() if key in names}
+        rest = {key: value for key, value in figures.items() if key not in names}
+        return (cls(**found) if "dispatch_overhead_s" in found else None), rest
+
+
+def split_input_wait(
+    input_wait_s: np.ndarray, compute_s: np.ndarray, references: HostReferences
+) -> Tuple[np.ndarray, np.ndarray]:
+    """(input stall, host overhead) per loop step, in seconds, as the module docstring defines them."""
+    dispatch = np.minimum(compute_s, references.dispatch_overhead_s)
+    if references.ready_execution_s is not None:  # N steps per call: no next() on the host
+        # In aggregate, so that noise around the reference cancels instead of counting as stall.
+        excess = float(np.sum(input_wait_s + compute_s) - len(compute_s) * references.ready_execution_s)
+        stall = np.full(len(compute_s), max(0.0, excess) / max(len(compute_s), 1))
+        return stall, input_wait_s + dispatch
+    fetch = references.fetch_overhead_s or 0.0
+    return np.maximum(0.0, input_wait_s - fetch), np.minimum(input_wait_s, fetch) + dispatch
 
 
 def jitter(values: Sequence[float]) -> float:
@@ -107,6 +205,9 @@ class StepPlan:
         epoch_warmup_steps: the first steps of every epoch after the first, left out (the
             pipeline refilled its buffers during validation, so they get their batches for free).
         profiled: steps a profiler traced, left out (tracing slows them).
+        steps_per_execution: training steps per loop step (`train.steps_per_execution`); every
+            other attribute counts loop steps.
+        first_epoch: the epoch the loop starts at (a resumed run: the earlier epochs ran before).
     """
 
     epochs: int
@@ -114,6 +215,8 @@ class StepPlan:
     warmup_steps: int
     epoch_warmup_steps: int = 0
     profiled: Tuple[int, ...] = ()
+    steps_per_execution: int = 1
+    first_epoch: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -132,29 +235,56 @@ class StepPlan:
         return [index for index in range(self.warmup_steps, end) if index not in excluded]
 
 
-def timing_figures(timer: StepTimer, plan: StepPlan, examples_per_step: int, bytes_per_step: int) -> TimingFigures:
+def timing_figures(
+    timer: StepTimer,
+    plan: StepPlan,
+    examples_per_step: int,
+    bytes_per_step: int,
+    references: Optional[HostReferences] = None,
+) -> TimingFigures:
     """Summarise the steps of `timer` that `plan` times (those that ran, when the loop stopped early).
+
+    `examples_per_step` and `bytes_per_step` are per training step; each loop step runs
+    `plan.steps_per_execution` of them. Without `references` the wait is not split: the stall and host
+    overhead fractions are None and the verdicts read the whole input wait.
 
     Raises:
         ValueError: when none of the steps that ran is timed.
     """
     kept = plan.timed(timer.num_steps)
     input_wait = np.asarray(timer.input_wait_s, dtype=np.float64)[kept]
-    step = input_wait + np.asarray(timer.compute_s, dtype=np.float64)[kept]
+    compute = np.asarray(timer.compute_s, dtype=np.float64)[kept]
+    step = input_wait + compute
     if len(step) == 0:
         raise ValueError(f"no step was timed: {timer.num_steps} steps ran, the first {plan.warmup_steps} are warm-up")
     wall_s = float(step.sum())
     fraction = float(input_wait.sum() / wall_s)
-    p50, p90, p99 = np.percentile(step, [50, 90, 99])
+    steps_per_execution = plan.steps_per_execution
+    stall_fraction = host_fraction = None
+    if references is not None:
+        stall, host = split_input_wait(input_wait, compute, references)
+        stall_fraction, host_fraction = float(stall.sum() / wall_s), float(host.sum() / wall_s)
+    per_training_step = step / steps_per_execution
+    p50, p90, p99 = np.percentile(per_training_step, [50, 90, 99])
+    num_training_steps = len(step) * steps_per_execution
     return TimingFigures(
-        num_timed_steps=len(step),
+        num_timed_steps=num_training_steps,
         timed_wall_s=wall_s,
-        throughput_examples_per_s=len(step) * examples_per_step / wall_s,
-        throughput_bytes_per_s=len(step) * bytes_per_step / wall_s,
+        throughput_examples_per_s=num_training_steps * examples_per_step / wall_s,
+        throughput_bytes_per_s=num_training_steps * bytes_per_step / wall_s,
         step_time_p50_s=float(p50),
         step_time_p90_s=float(p90),
         step_time_p99_s=float(p99),
-        step_time_jitter_s=jitter(step),
+        step_time_jitter_s=jitter(per_training_step),
         input_wait_fraction=fraction,
-        input_bound_verdict=input_bound_verdict(fraction),
+        input_bound_verdict=input_bound_verdict(fraction if stall_fraction is None else stall_fraction),
+        steps_per_execution=steps_per_execution,
+        fetch_overhead_s=references.fetch_overhead_s if references else None,
+        dispatch_overhead_s=references.dispatch_overhead_s if references else None,
+        ready_execution_s=references.ready_execution_s if references else None,
+        input_stall_fraction=stall_fraction,
+        host_overhead_fraction=host_fraction,
+        verdict=bottleneck_verdict(
+            fraction if stall_fraction is None else stall_fraction, host_fraction if host_fraction is not None else 0.0
+        ),
     )

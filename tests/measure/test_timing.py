@@ -164,3 +164,80 @@ def test_recommendation_for_a_compute_bound_run_suggests_compute_knobs():
     )
     assert "strategy=mirrored" in text and "train.global_batch_size" in text and "mixed_float16" in text
     assert "prefetch" not in text  # input knobs are not the bottleneck here
+
+
+# ---- Input stall vs host overhead ---------------------------------------------------------------
+
+from bwopt.measure import HostReferences, bottleneck_verdict  # noqa: E402
+
+
+def test_the_wait_splits_into_stall_beyond_a_ready_fetch_and_host_overhead():
+    # Four 1 ms steps: waits of 0.1 ms (a ready batch) and 0.6 ms (0.5 ms late); fetch 0.1, dispatch 0.05.
+    timer = StepTimer([0.1e-3, 0.6e-3, 0.1e-3, 0.6e-3], [0.9e-3, 0.4e-3, 0.9e-3, 0.4e-3])
+    references = HostReferences(dispatch_overhead_s=0.05e-3, fetch_overhead_s=0.1e-3)
+    figures = timing_figures(timer, StepPlan(1, 4, 0), 10, 10, references)
+    assert figures.input_wait_fraction == pytest.approx(0.35)
+    assert figures.input_stall_fraction == pytest.approx(1.0e-3 / 4e-3)
+    assert figures.host_overhead_fraction == pytest.approx(4 * 0.15e-3 / 4e-3)
+    assert figures.verdict == "highly input-bound" and figures.input_bound_verdict == "highly input-bound"
+    assert {"input_stall_fraction", "fetch_overhead_s"} <= set(figures.metrics())
+    assert "ready_execution_s" not in figures.metrics()  # not measured: no metric
+
+
+def test_with_steps_per_execution_the_stall_is_time_beyond_a_ready_execution():
+    # Executions of 4 steps; ready ones take 2 ms; two took 2 ms, two 3 ms: 2 ms of stall in 10 ms.
+    timer = StepTimer([0.0] * 4, [2e-3, 3e-3, 2e-3, 3e-3])
+    references = HostReferences(dispatch_overhead_s=0.1e-3, ready_execution_s=2e-3)
+    figures = timing_figures(timer, StepPlan(1, 4, 0, steps_per_execution=4), 10, 10, references)
+    assert figures.num_timed_steps == 16 and figures.throughput_examples_per_s == pytest.approx(160 / 10e-3)
+    assert figures.step_time_p50_s == pytest.approx(2.5e-3 / 4)
+    assert figures.input_stall_fraction == pytest.approx(0.2)
+    assert figures.host_overhead_fraction == pytest.approx(0.04)
+    assert figures.verdict == "highly input-bound"
+
+
+@pytest.mark.parametrize(
+    "stall,host,verdict",
+    [
+        (0.25, 0.5, "highly input-bound"),
+        (0.10, 0.30, "host-overhead-bound"),
+        (0.10, 0.10, "moderately input-bound"),
+        (0.01, 0.19, "compute-bound"),
+    ],
+)
+def test_bottleneck_verdict(stall, host, verdict):
+    assert bottleneck_verdict(stall, host) == verdict
+
+
+def test_host_overhead_bound_runs_are_told_to_fuse_steps():
+    timer = StepTimer([0.1e-3] * 4, [0.3e-3] * 4)
+    figures = timing_figures(timer, StepPlan(1, 4, 0), 10, 10, HostReferences(0.1e-3, fetch_overhead_s=0.1e-3))
+    assert figures.verdict == "host-overhead-bound"
+    advice = recommend(figures, prefetch=2, map_parallelism=2, cache="memory", transfer_dtype="uint8")
+    assert advice.startswith("host-overhead-bound") and "train.steps_per_execution=8" in advice
+
+
+def test_ceilings_keep_the_median_and_spread_of_their_blocks():
+    ceilings = Ceilings.from_blocks([90.0, 100.0, 110.0], [40.0, 50.0, 45.0], [4.0, 5.0, 4.5])
+    assert ceilings.compute_examples_per_s == 100.0 and ceilings.compute_spread == pytest.approx(0.1)
+    assert ceilings.input_examples_per_s == 45.0 and ceilings.input_spread == pytest.approx(5 / 45)
+    from bwopt.measure import efficiency_spread
+
+    assert efficiency_spread(0.9, ceilings.metrics()) == pytest.approx(0.9 * 5 / 45)  # input is the lower
+
+
+@pytest.mark.parametrize("spread", [None, 0.0, 0.05, 0.3])
+def test_efficiency_is_never_printed_above_100_percent_without_its_spread(spread):
+    import re
+
+    from bwopt.report import figures_table
+
+    figures = {"efficiency": 1.165, **({} if spread is None else {"efficiency_spread": spread})}
+    row = next(line for line in figures_table(figures).splitlines() if "efficiency" in line)
+    for match in re.finditer(r"(\d+(?:\.\d+)?)%", row):
+        if float(match.group(1)) > 100:
+            assert f"± {spread:.1%}" in row
+    if spread == 0.3:
+        assert "116.5% ± 30.0%" in row and "within noise" in row
+    if spread is None:
+        assert "116.5" not in row and "noise" in row

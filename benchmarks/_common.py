@@ -1,0 +1,92 @@
+"""What the benchmark scripts share: smoke mode, composing the real conf/, one bwopt run, rounds, reports.
+
+Not a benchmark itself (run_all.py skips files whose name starts with "_"). Every script
+imports it as `_common` (the script's own folder is first on sys.path when it is run directly).
+
+- `SMOKE`: `BWOPT_BENCHMARK_SMOKE=1` asks for the short form the smoke tests run.
+- `compose(overrides)`: the real conf/ plus overrides, as `python -m bwopt` would compose it,
+  validated by `bwopt.app.validate`; returns (Config, resolved dict) for `bwopt.run.run`.
+- `run_bwopt(config, resolved, folder)`: one real bwopt run, its printed summary swallowed;
+  returns its `Summary` (raises when the run did not finish).
+- `alternate(sides, rounds)`: every side once per round, the order reversed every other round
+  (ABBA...), so a drift in machine speed hits every side alike; returns each side's values.
+- `spread(values)` / `ratios(a, b)`: "median (min-max)" text, and per-round ratios a/b.
+"""
+
+import contextlib
+import io
+import os
+import statistics
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+SMOKE = os.environ.get("BWOPT_BENCHMARK_SMOKE") == "1"
+# What every benchmark run leaves out: its own memcpy test and progress line (unless asked).
+QUIET = ["measure.memcpy_bandwidth=false", "measure.progress=false"]
+
+
+def compose(overrides: Sequence[str]):
+    """(validated Config, resolved dict) of the real conf/ plus `overrides`."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from bwopt.app import config_dir, validate
+
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=list(overrides))
+    return validate(cfg), OmegaConf.to_container(cfg, resolve=True)
+
+
+def configure_devices(config) -> None:
+    """TensorFlow fixes its devices once per process: call once, before the first run."""
+    from bwopt.devices import configure
+
+    configure(config.device)
+
+
+def run_bwopt(config, resolved, folder: Path):
+    """One bwopt run (`bwopt.run.run`); returns its Summary. Its printed summary is discarded."""
+    from bwopt.run import run
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = run(config, output_dir=Path(folder), resolved=resolved)
+    if summary.status != "FINISHED" or summary.figures is None:
+        raise RuntimeError(f"bwopt run ended {summary.status} with figures {summary.figures}")
+    return summary
+
+
+def alternate(sides: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, List[object]]:
+    """Each side's results over `rounds` rounds, every side once per round, order reversed every other round."""
+    results: Dict[str, List[object]] = {name: [] for name in sides}
+    for round_number in range(rounds):
+        for name in list(sides) if round_number % 2 == 0 else list(reversed(list(sides))):
+            results[name].append(sides[name]())
+    return results
+
+
+def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> List[float]:
+    """Per-round ratios numerator / denominator."""
+    return [a / b for a, b in zip(numerators, denominators)]
+
+
+def spread(values: Sequence[float], fmt: str = ",.3f") -> str:
+    """'median M (min A, max B)' of `values`."""
+    return f"median {statistics.median(values):{fmt}} (min {min(values):{fmt}}, max {max(values):{fmt}})"
+
+
+def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
+    """'target met' / 'target missed', on the median."""
+    met = value >= target if higher_is_better else value < target
+    return "target met" if met else "target missed"
+
+
+def load_line() -> str:
+    """The machine's load averages, printed next to the figures (other work shares the cores)."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"

@@ -1,0 +1,55 @@
+"""The per-call costs that split the input wait: fetching a ready batch, dispatching a step.
+
+Both are measured in the run's own process, after training, on the run's own strategy and
+batch structure (see `bwopt.measure.timing` for how they split the input wait). Each is the
+median over `num_blocks` blocks of the mean per-call time of `calls_per_block` back-to-back
+calls, on the host's monotonic clock; the first block is a warm-up and left out (tracing,
+the first copies).
+"""
+
+import statistics
+import time
+from typing import Callable, Iterator, List
+
+from bwopt.measure.ceilings import read_on_host
+
+
+def per_call_s(call: Callable[[], object], calls_per_block: int, num_blocks: int) -> List[float]:
+    """Mean seconds per call of `call()` in each of `num_blocks` timed blocks (after one untimed block)."""
+    for _ in range(calls_per_block):
+        call()
+    blocks = []
+    for _ in range(num_blocks):
+        started = time.perf_counter()
+        for _ in range(calls_per_block):
+            call()
+        blocks.append((time.perf_counter() - started) / calls_per_block)
+    return blocks
+
+
+def fetch_overhead_s(ready_iterator: Iterator, calls_per_block: int = 30, num_blocks: int = 5) -> float:
+    """Seconds one `next()` costs when its batch is ready: the fixed cost of fetching a batch.
+
+    Timed: `next(ready_iterator)`, exactly what the timed loop times as input wait, where
+    `ready_iterator` is the same kind of distributed iterator as training's (same strategy, same
+    input options), over one cached batch repeated forever, so no call waits for pipeline work.
+    """
+    return statistics.median(per_call_s(lambda: next(ready_iterator), calls_per_block, num_blocks))
+
+
+def dispatch_overhead_s(empty_step: Callable, batch, calls_per_block: int = 30, num_blocks: int = 5) -> float:
+    """Seconds one step that computes nothing costs: dispatch of the distributed call and host read.
+
+    Timed: `read_on_host(empty_step(batch))`, with `empty_step` a compiled distributed step with
+    the train step's signature that only returns per-replica zeros, reduced over replicas.
+    """
+    return statistics.median(per_call_s(lambda: read_on_host(empty_step(batch)), calls_per_block, num_blocks))
+
+
+def ready_execution_s(execution: Callable, ready_iterator, calls_per_block: int = 2, num_blocks: int = 5) -> float:
+    """Seconds one N-step execution costs on batches always ready (`train.steps_per_execution` > 1).
+
+    Timed: `read_on_host(execution(ready_iterator))` with `ready_iterator` over one cached batch;
+    it trains, so measure after the run's figures are taken.
+    """
+    return statistics.median(per_call_s(lambda: read_on_host(execution(ready_iterator)), calls_per_block, num_blocks))

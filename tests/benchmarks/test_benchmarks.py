@@ -1,0 +1,44 @@
+"""Every benchmark script stays runnable: each runs once in its short smoke form.
+
+Scripts run in a fresh process (each fixes TensorFlow's devices itself). Marked `slow`: each
+smoke run takes 3-15 s on 2 cores. Figures are not asserted here (a shared machine); the scripts
+print their ratios, and each must print the line its figure is read from.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# script: a line it must print
+SMOKE_SCRIPTS = {
+    "vs_plain_loop.py": "ratio bwopt / plain loop",
+    "vs_keras_fit.py": "(fit's best N)",
+    "pipeline_payoff.py": "tuned throughput / min(ceilings)",
+    "tracking_overhead.py": "ratio throughput tracking on/off",
+    "cli_latency.py": "wall time python -m bwopt pipeline.prefetch=-1",
+    "input_bandwidth.py": "ratio input bytes/s / host memcpy, bfloat16",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(SMOKE_SCRIPTS))
+def test_benchmark_runs_in_smoke_form_and_prints_its_ratios(script):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "BWOPT_BENCHMARK_SMOKE": "1", "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert SMOKE_SCRIPTS[script] in result.stdout, result.stdout[-2000:]
+
+
+def test_every_benchmark_script_has_a_smoke_test_or_is_known_not_to():
+    scripts = {path.name for path in (REPO / "benchmarks").glob("*.py") if not path.name.startswith("_")}
+    assert scripts - set(SMOKE_SCRIPTS) == {"run_all.py", "timing_overhead.py"}
