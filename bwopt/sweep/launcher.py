@@ -34,6 +34,7 @@ callbacks), the report of the whole sweep folder is written (bwopt.sweep.report)
 `tracking=mlflow`, logged to the sweep's parent run (bwopt.sweep.parent).
 """
 
+import copy
 import json
 import logging
 import os
@@ -118,6 +119,7 @@ class ProcessPerJobLauncher(Launcher):
         self.hydra_context: Optional[HydraContext] = None
         self.task_function: Optional[TaskFunction] = None
         self.parent = None  # bwopt.sweep.parent.ParentRun, kept across the batches of one sweep
+        self.parent_name: Optional[str] = None  # set by a sweeper (bwopt.sweep.search); else from the overrides
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -130,6 +132,7 @@ class ProcessPerJobLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         jobs = self._plan(job_overrides, initial_job_idx, sweep_dir)
+        self._refuse_invalid_jobs(jobs)
         log.info(f"Launching {len(jobs)} jobs, each in a fresh process, {self.max_parallel} at a time")
         from bwopt.quiet import quiet_libraries
 
@@ -160,6 +163,31 @@ class ProcessPerJobLauncher(Launcher):
                 folder = sweep_dir / config.hydra.sweep.subdir
                 jobs.append(Job(num, index, repeat, list(overrides), config, folder))
         return jobs
+
+    def _refuse_invalid_jobs(self, jobs: List[Job]) -> None:
+        """Validate every job's config (bwopt's schema, no TensorFlow) before the first one starts, and
+        report every bad one at once: a bad value must not cancel a sweep half-way, or be found only
+        after other jobs trained. Only for bwopt's own task (tests launch tasks of their own)."""
+        from bwopt.app import run_job, validate
+        from bwopt.schema import ConfigError
+
+        if getattr(self.task_function, "__wrapped__", self.task_function) is not run_job:
+            return
+        bad = []
+        for job in jobs:
+            if job.repeat:
+                continue  # the same overrides as in the first round
+            config = copy.deepcopy(job.config)
+            with open_dict(config):
+                del config["hydra"]
+            try:
+                validate(config)
+            except ConfigError as error:
+                bad.append(f"  job {job.num} ({' '.join(job.overrides) or 'no overrides'}): {error}")
+        if bad:
+            print(f"bwopt: invalid config in {len(bad)} of the sweep's jobs; none was started:", file=sys.stderr)
+            print("\n".join(bad), file=sys.stderr, flush=True)
+            sys.exit(2)
 
     def _run_all(self, jobs: List[Job], sweep_dir: Path, returns: Dict[int, JobReturn]) -> None:
         """Start jobs in order, at most max_parallel at a time; on Ctrl-C or SIGTERM stop them and re-raise."""
@@ -278,7 +306,8 @@ class ProcessPerJobLauncher(Launcher):
         from bwopt.sweep.parent import ParentRun, sweep_name
 
         if self.parent is None:
-            self.parent = ParentRun.start(self.config.tracking, sweep_name(job_overrides), sweep_dir)
+            name = self.parent_name or sweep_name(job_overrides)
+            self.parent = ParentRun.start(self.config.tracking, name, sweep_dir)
         else:
             self.parent.resume()
 

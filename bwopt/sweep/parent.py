@@ -7,7 +7,7 @@ description. Like a job's tracker, it never ends a sweep: a store that fails war
 
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from hydra.core.utils import filter_overrides
 
@@ -61,6 +61,13 @@ class ParentRun:
     def resume(self) -> None:
         """A later batch of the same sweep (a sweeper that launches in batches)."""
         self._guarded("resume the parent run", lambda: self.client.update_run(self.run_id, status="RUNNING"))
+
+    def annotate(self, files: Sequence[Path], tags: Dict[str, str]) -> None:
+        """Log more files and tags onto the run (a search's results, after its last batch)."""
+        for path in files:
+            self._guarded(f"log {path.name}", lambda path=path: self.client.log_artifact(self.run_id, str(path)))
+        for key, value in tags.items():
+            self._guarded(f"set tag {key}", lambda key=key, value=value: self.client.set_tag(self.run_id, key, value))
 
     def end(self, status: str, report) -> None:
         """Log the report (bwopt.sweep.report.Report, or None) and end the run with `status`."""

@@ -89,3 +89,25 @@ def _plot_parameter(report: Report, key: str, path: Path) -> Path:
     figure.savefig(path, dpi=100)
     pyplot.close(figure)
     return path
+
+
+def plot_scaling(report: Report, path: Path) -> Path:
+    """Scaling efficiency against the replica count, with the ideal (1.0) drawn."""
+    pyplot = _pyplot()
+    scaling = report.scaling
+    figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    counts = list(scaling)
+    axes.plot(counts, [scaling[count] for count in counts], marker="o", color="tab:blue", label="measured")
+    axes.axhline(1.0, color="0.5", linestyle="--", label="ideal: N x the one-replica throughput")
+    for count in counts:
+        axes.annotate(
+            f"{scaling[count]:.0%}", (count, scaling[count]), textcoords="offset points", xytext=(0, 6), ha="center"
+        )
+    axes.set_xticks(counts)
+    axes.set_ylim(0, max(1.1, max(scaling.values()) * 1.1))
+    axes.set(xlabel="replicas", ylabel="scaling efficiency", title="throughput at N / (N x throughput at 1)")
+    axes.legend(loc="lower left", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+    return path

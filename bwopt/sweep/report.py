@@ -52,6 +52,7 @@ class JobResult:
     run_id: Optional[str] = None
     figures: Dict[str, object] = field(default_factory=dict)
     exit_code: Optional[int] = None
+    num_replicas: Optional[int] = None
 
     @property
     def failed(self) -> bool:
@@ -101,6 +102,20 @@ class Report:
     files: List[Path] = field(default_factory=list)
 
     @property
+    def scaling(self) -> Dict[int, float]:
+        """Scaling efficiency by replica count (bwopt.measure.scaling), when jobs ran at 1 and more replicas."""
+        from bwopt.measure.scaling import scaling_efficiency
+
+        finished = [job for job in self.jobs if job.throughput is not None]
+        efficiency = scaling_efficiency(
+            [
+                {"num_replicas": job.num_replicas, "figures": {"throughput_examples_per_s": job.throughput}}
+                for job in finished
+            ]
+        )
+        return efficiency if len(efficiency) > 1 else {}
+
+    @property
     def best(self) -> Optional[OverrideSet]:
         return None if not self.sets or self.sets[0].failed else self.sets[0]
 
@@ -118,6 +133,7 @@ def read_job(folder: Path) -> JobResult:
     if summary_file.is_file():
         summary = json.loads(summary_file.read_text())
         job.status, job.run_id = summary["status"], summary["run_id"]
+        job.num_replicas = summary.get("num_replicas")
         for name, section in FIGURES.items():
             value = (summary.get(section) or {}).get(name)  # figures is null when nothing was timed
             if value is not None:
@@ -203,6 +219,9 @@ def _table(headers: List[str], rows: List[List[str]]) -> str:
 
 def sets_table(report: Report) -> str:
     headers = ["rank", "overrides", "runs ok", "throughput median (examples/s)", "min–max", *FIGURE_HEADERS, "jobs"]
+    scaling = report.scaling
+    if scaling:
+        headers.insert(5, "replicas, scaling efficiency %")
     rows = []
     for rank, item in enumerate(report.sets, start=1):
         ok = len(item.throughputs)
@@ -214,6 +233,7 @@ def sets_table(report: Report) -> str:
                 f"{ok}/{len(item.jobs)}" + ("" if ok == len(item.jobs) else " **FAILED**" if item.failed else " ⚠"),
                 _number(item.median),
                 spread,
+                *([_scaling_cell(item, scaling)] if scaling else []),
                 *_figure_cells(item.median_of),
                 ", ".join(
                     job.name for job in sorted(item.jobs, key=lambda job: int(job.name) if job.name.isdigit() else 0)
@@ -221,6 +241,23 @@ def sets_table(report: Report) -> str:
             ]
         )
     return _table(headers, rows)
+
+
+def _scaling_cell(item: OverrideSet, scaling: Dict[int, float]) -> str:
+    replicas = {job.num_replicas for job in item.jobs if not job.failed}
+    if len(replicas) != 1 or next(iter(replicas)) not in scaling:
+        return ""
+    (count,) = replicas
+    return f"{count}: {_number(100 * scaling[count])}"
+
+
+def scaling_table(report: Report) -> str:
+    """Replicas → median throughput and scaling efficiency = throughput at N ÷ (N × throughput at 1)."""
+    rows = []
+    for count, efficiency in report.scaling.items():
+        throughputs = [job.throughput for job in report.jobs if job.num_replicas == count and job.throughput]
+        rows.append([str(count), _number(statistics.median(throughputs)), _number(100 * efficiency)])
+    return _table(["replicas", "throughput median (examples/s)", "scaling efficiency %"], rows)
 
 
 def jobs_table(report: Report) -> str:
@@ -262,6 +299,7 @@ def markdown(report: Report) -> str:
             best_line(report),
             "## Override sets, by median throughput",
             sets_table(report),
+            *(["## Scaling", scaling_table(report)] if report.scaling else []),
             "## Jobs, by throughput",
             jobs_table(report),
             "Plots: " + ", ".join(f"![{path.stem}]({path.name})" for path in report.files if path.suffix == ".png"),
@@ -272,25 +310,30 @@ def markdown(report: Report) -> str:
 def write_csv(report: Report, path: Path) -> None:
     with path.open("w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow(["job", "status", "exit_code", "run_id", "overrides", *report.swept_keys, *FIGURES])
+        writer.writerow(
+            ["job", "status", "exit_code", "run_id", "num_replicas", "overrides", *report.swept_keys, *FIGURES]
+        )
         for job in report.jobs:
             values = override_values(job.overrides)
             swept = [values.get(key, "") for key in report.swept_keys]
             figures = ["" if job.figures.get(name) is None else job.figures[name] for name in FIGURES]
             exit_code = "" if job.exit_code is None else job.exit_code
+            replicas = "" if job.num_replicas is None else job.num_replicas
             writer.writerow(
-                [job.name, job.status, exit_code, job.run_id or "", " ".join(job.overrides), *swept, *figures]
+                [job.name, job.status, exit_code, job.run_id or "", replicas, " ".join(job.overrides), *swept, *figures]
             )
 
 
 def write_report(sweep_dir: Path) -> Report:
     """Read the sweep folder and write report.md, report.csv and the plots into it."""
-    from bwopt.sweep.plots import plot_parameters, plot_throughput
+    from bwopt.sweep.plots import plot_parameters, plot_scaling, plot_throughput
 
     sweep_dir = Path(sweep_dir)
     report = build_report(sweep_dir)
     write_csv(report, sweep_dir / "report.csv")
     plots = [plot_throughput(report, sweep_dir / "throughput.png"), *plot_parameters(report, sweep_dir)]
+    if report.scaling:
+        plots.append(plot_scaling(report, sweep_dir / "scaling_efficiency.png"))
     report.files = [report.markdown_file, sweep_dir / "report.csv", *plots]
     report.summary = "\n\n".join([best_line(report), sets_table(report), jobs_table(report)])
     report.markdown_file.write_text(markdown(report) + "\n")

@@ -12,7 +12,7 @@ from bwopt.sweep.report import build_report, main, swept_keys, write_report
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def make_job(sweep, number, overrides, status="FINISHED", throughput=None, input_wait=0.5, exit_code=0):
+def make_job(sweep, number, overrides, status="FINISHED", throughput=None, input_wait=0.5, exit_code=0, replicas=1):
     """A job folder as bwopt's launcher and runner leave it; status None: no summary.json at all."""
     folder = sweep / str(number)
     (folder / ".hydra").mkdir(parents=True)
@@ -33,7 +33,8 @@ def make_job(sweep, number, overrides, status="FINISHED", throughput=None, input
         "run_id": f"run{number}",
         "status": status,
         "mode": "train",
-        "devices": ["/device:CPU:0"],
+        "num_replicas": replicas,
+        "devices": ["/device:CPU:0"] * replicas,
         "figures": figures,
         "measurements": {"peak_host_rss_bytes": 2**30, "efficiency": 0.5},
         "final_metrics": {"val_accuracy": 0.9},
@@ -127,3 +128,17 @@ def test_the_command_rebuilds_a_sweep_from_an_mlflow_parent_run(sweep, tmp_path,
     report = build_report(output)
     assert [job.overrides[0] for job in report.jobs] == ["pipeline.prefetch=2", "pipeline.prefetch=0"]
     assert (output / "report.md").is_file()
+
+
+def test_a_sweep_over_replicas_reports_scaling_efficiency_in_its_table_and_a_plot(tmp_path):
+    sweep = tmp_path / "scaling"
+    for number, (replicas, throughput) in enumerate([(1, 1000.0), (2, 1500.0), (4, 2000.0)]):
+        make_job(sweep, number, [f"device.num_cpu_devices={replicas}"], throughput=throughput, replicas=replicas)
+    report = write_report(sweep)
+    assert report.scaling == {1: 1.0, 2: 0.75, 4: 0.5}
+    text = (sweep / "report.md").read_text()
+    assert "## Scaling" in text and "| 4 | 2,000.0 | 50.0 |" in text and "| 2 | 1,500.0 | 75.0 |" in text
+    assert "2: 75.0" in text  # the override sets' table names each set's replicas and efficiency
+    assert (sweep / "scaling_efficiency.png").read_bytes()[:8] == PNG_SIGNATURE
+    rows = list(csv.DictReader((sweep / "report.csv").open()))
+    assert sorted(row["num_replicas"] for row in rows) == ["1", "2", "4"]

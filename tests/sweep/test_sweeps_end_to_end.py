@@ -16,20 +16,33 @@ def the_sweep_dir(cwd):
     return sweep
 
 
+def test_bad_values_in_a_sweep_are_all_reported_before_any_job_starts(tmp_path):
+    sweep = ["strategy=mirrored", "train.global_batch_size=32,63", "train.learning_rate=0.01,nan"]
+    result = run_bwopt("-m", *sweep, *TINY, cwd=tmp_path)
+    assert result.returncode == 2 and "invalid config in 3 of the sweep's jobs; none was started" in result.stderr
+    assert result.stderr.count("is not divisible by the 2 replicas") == 2 and "=nan is not a finite" in result.stderr
+    assert not list((tmp_path / "outputs").rglob("summary.json")) and not (tmp_path / "outputs" / "mlflow.db").exists()
+
+
 def test_a_failing_job_is_reported_and_the_sweep_goes_on(tmp_path):
-    result = run_bwopt("-m", "strategy=mirrored", "train.global_batch_size=32,63,64", *TINY, cwd=tmp_path)
-    # job 1 exits with code 2 (63 is not divisible by the 2 replicas); Hydra then reports the failure
-    assert result.returncode != 0 and "not divisible by the 2 replicas" in result.stderr
+    sweep = [
+        "strategy=mirrored",
+        "train.optimizer=sgd",
+        "train.global_batch_size=32",
+        "train.learning_rate=0.01,1e9,0.05",
+    ]
+    result = run_bwopt("-m", *sweep, *TINY, cwd=tmp_path)
+    # job 1 diverges (a NaN loss at once); Hydra then reports the failure
+    assert result.returncode != 0 and "training diverged" in result.stderr
     sweep = the_sweep_dir(tmp_path)
     summaries = {n: json.loads((sweep / str(n) / "summary.json").read_text()) for n in (0, 2)}
-    assert not (sweep / "1" / "summary.json").exists()
-    assert json.loads((sweep / "1" / "job.json").read_text())["exit_code"] == 2
+    assert json.loads((sweep / "1" / "summary.json").read_text())["status"] == "FAILED"
 
     report = (sweep / "report.md").read_text()
-    assert "3 jobs, 1 failed" in report and "**Best overrides:** `strategy=mirrored train.global_batch_size=" in report
-    assert "| 1 | `train.global_batch_size=63` | **NO SUMMARY** (exit code 2) |" in report
+    assert "3 jobs, 1 failed" in report and "**Best overrides:** `strategy=mirrored train.optimizer=sgd" in report
+    assert "| 1 | `train.learning_rate=1000000000.0` | **FAILED** (exit code 1) |" in report
     assert len((sweep / "report.csv").read_text().splitlines()) == 1 + 3
-    for plot in ("throughput.png", "throughput_vs_train.global_batch_size.png"):
+    for plot in ("throughput.png", "throughput_vs_train.learning_rate.png"):
         assert (sweep / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         with Image.open(sweep / plot) as image:
             assert image.width >= 600 and image.height >= 200
@@ -37,7 +50,7 @@ def test_a_failing_job_is_reported_and_the_sweep_goes_on(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("bwopt")
     (parent,) = client.search_runs([experiment.experiment_id], "attributes.run_name LIKE 'sweep %'")
-    assert parent.info.run_name == "sweep train.global_batch_size=32,63,64"
+    assert parent.info.run_name == "sweep train.learning_rate=0.01,1000000000.0,0.05"
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["bwopt.sweep_dir"] == str(sweep.resolve())
     children = [client.get_run(summary["run_id"]) for summary in summaries.values()]
@@ -45,13 +58,10 @@ def test_a_failing_job_is_reported_and_the_sweep_goes_on(tmp_path):
     assert all(child.data.tags["mlflow.parentRunId"] == parent.info.run_id for child in children)
     # Named from the job's overrides, in the order given on the command line.
     names = sorted(child.info.run_name for child in children)
-    assert [name.split(",")[:2] for name in names] == [
-        ["strategy=mirrored", "train.global_batch_size=32"],
-        ["strategy=mirrored", "train.global_batch_size=64"],
-    ]
+    assert [name.split(",")[3] for name in names] == ["train.learning_rate=0.01", "train.learning_rate=0.05"]
     assert all(child.info.run_id in parent.data.tags["mlflow.note.content"] for child in children)
     artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
-    assert {"report.md", "report.csv", "throughput.png", "throughput_vs_train.global_batch_size.png"} <= artifacts
+    assert {"report.md", "report.csv", "throughput.png", "throughput_vs_train.learning_rate.png"} <= artifacts
 
 
 def test_device_sweep_with_repeats_runs_every_job_in_its_own_process_in_rounds(tmp_path):

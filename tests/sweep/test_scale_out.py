@@ -1,0 +1,128 @@
+"""Scale-out presets: SLURM and Ray launchers compose without their plugins; a sweep against a real MLflow server."""
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+from conftest import compose_config, run_bwopt
+from hydra.core.plugins import Plugins
+
+TINY = ["train.epochs=1", "train.warmup_steps=2", "train.steps_per_epoch=6", "measure.memcpy_bandwidth=false"]
+PLUGINS = {"slurm": "hydra_plugins.hydra_submitit_launcher", "ray": "hydra_plugins.hydra_ray_launcher"}
+SERVER_START_TIMEOUT_S = 90
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "launcher,target",
+    [
+        ("slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"),
+        ("ray", "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"),
+    ],
+)
+def test_scale_out_launchers_compose_without_their_plugins(tmp_path, launcher, target):
+    arguments = [f"hydra/launcher={launcher}", "--cfg", "hydra", "--resolve"]
+    result = run_bwopt(*arguments, cwd=tmp_path, timeout=60, env={"RAY_ADDRESS": "10.0.0.5:6379"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    composed = yaml.safe_load(result.stdout)["hydra"]
+    config = composed["launcher"]
+    assert config["_target_"] == target and composed["runtime"]["choices"]["hydra/launcher"] == launcher
+    if launcher == "slurm":
+        assert config["submitit_folder"] == f"{composed['sweep']['dir']}/.submitit/%j"
+        assert config["array_parallelism"] >= 1 and config["tasks_per_node"] == 1
+    else:
+        assert config["ray"]["init"]["address"] == "10.0.0.5:6379"  # from RAY_ADDRESS
+        assert config["ray"]["remote"]["max_calls"] == 1  # a fresh worker process per job
+
+
+@pytest.mark.parametrize("launcher", sorted(PLUGINS))
+def test_scale_out_launchers_instantiate_where_their_plugin_is_installed(launcher):
+    if importlib.util.find_spec(PLUGINS[launcher]) is None:
+        pytest.skip(f"{PLUGINS[launcher]} is not installed (pip install -e '.[{launcher}]')")
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from bwopt.app import config_dir
+
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        config = hydra.compose_config("config", [f"hydra/launcher={launcher}"], run_mode=RunMode.MULTIRUN)
+        instance = Plugins.instance()._instantiate(config.hydra.launcher)
+    assert type(instance).__module__.startswith(PLUGINS[launcher])
+
+
+def test_the_server_tracking_preset_is_the_mlflow_tracker_on_a_server():
+    tracking = compose_config(["tracking=server/mlflow"]).tracking
+    assert tracking.name == "mlflow" and tracking.uri == "http://127.0.0.1:5000"
+    assert compose_config(["tracking=server/mlflow", "tracking.uri=http://mlflow:8080"]).tracking.uri == (
+        "http://mlflow:8080"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until_up(url: str, server: subprocess.Popen, log_file) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"mlflow server exited with {server.returncode}: {log_file.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"mlflow server not up after {SERVER_START_TIMEOUT_S} s: {log_file.read_text()[-3000:]}")
+
+
+@pytest.mark.slow
+def test_a_sweep_against_a_real_mlflow_server_has_its_parent_and_children_there(tmp_path):
+    from mlflow import MlflowClient
+
+    port, log_file = free_port(), tmp_path / "server.log"
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command += ["--backend-store-uri", f"sqlite:///{tmp_path / 'db'}", "--default-artifact-root", str(tmp_path / "art")]
+    with log_file.open("w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(f"{uri}/health", server, log_file)
+        work = tmp_path / "work"
+        work.mkdir()
+        server_tracking = ["tracking=server/mlflow", f"tracking.uri={uri}"]
+        result = run_bwopt("-m", "pipeline.prefetch=0,2", *server_tracking, *TINY, cwd=work)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert not (work / "outputs" / "mlflow.db").exists()  # nothing went to the default sqlite store
+
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name("bwopt")
+        name = "attributes.run_name = 'sweep pipeline.prefetch=0,2'"
+        (parent,) = client.search_runs([experiment.experiment_id], name)
+        assert parent.info.status == "FINISHED"
+        children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+        assert sorted(child.info.run_name.split(",")[0] for child in children) == [
+            "pipeline.prefetch=0",
+            "pipeline.prefetch=2",
+        ]
+        assert all(child.info.status == "FINISHED" for child in children)
+        assert all(child.data.metrics["throughput_examples_per_s"] > 0 for child in children)
+        assert "report.md" in {item.path for item in client.list_artifacts(parent.info.run_id)}
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and its workers: the session started for it
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
