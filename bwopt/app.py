@@ -11,8 +11,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from bwopt.cluster import ClusterError
+from bwopt.data.records import DataError
 from bwopt.quiet import quiet
 from bwopt.schema import Config, ConfigError, register_configs, unknown_key_message
+from bwopt.schema.checks import check_known_and_finite
 from bwopt.signals import STOP
 
 
@@ -28,31 +31,64 @@ def config_dir() -> str:
 def validate(cfg: DictConfig) -> Config:
     """Turn a composed config into typed objects, running every value check."""
     try:
-        return OmegaConf.to_object(cfg)
+        config = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as error:  # OmegaConf's own errors carry the full key
         raise ConfigError(str(error)) from error
+    check_known_and_finite(config)
+    return config
+
+
+# Exit codes (README, "Bad input"): a config mistake, a missing device or tracking store, a signal.
+EXIT_INVALID_CONFIG = 2
+EXIT_UNAVAILABLE = 3
 
 
 def run_job(cfg: DictConfig) -> float:
-    """One Hydra job. A config error, found here or once the data is sized, exits with code 2."""
+    """One Hydra job. A config error, found here or once the data is sized, exits with code 2; a
+    device or tracking store that is not there, with code 3; neither leaves an MLflow run."""
     from hydra.core.hydra_config import HydraConfig
 
     try:
         config = validate(cfg)
+        hydra = HydraConfig.get()
+        output_dir = Path(hydra.runtime.output_dir)
+        if output_dir.resolve() == Path.cwd().resolve():
+            raise ConfigError(
+                f"hydra.run.dir={hydra.run.dir!r} is the working directory, where the run's files would "
+                "overwrite yours; give it a folder of its own, e.g. hydra.run.dir=outputs/my_run"
+            )
         quiet(config.verbose)  # before bwopt.run imports TensorFlow and MLflow
         from bwopt.run import run
 
-        hydra = HydraConfig.get()
-        summary = run(
-            config,
-            output_dir=Path(hydra.runtime.output_dir),
-            resolved=OmegaConf.to_container(cfg, resolve=True),
-            overrides=list(hydra.overrides.task),
-        )
+        if config.cluster.name != "none":  # a task of a cluster, or the launcher of a local one
+            from bwopt.cluster import run_in_cluster as run
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        summary = run(config, output_dir=output_dir, resolved=resolved, overrides=list(hydra.overrides.task))
     except ConfigError as error:
         print(f"bwopt: invalid config: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_INVALID_CONFIG)
+    except DataError as error:  # before the run, or during it (the MLflow run is then FAILED)
+        print(f"bwopt: bad data: {error}", file=sys.stderr)
+        sys.exit(EXIT_INVALID_CONFIG)
+    except UNAVAILABLE as error:
+        print(f"bwopt: {error}", file=sys.stderr)
+        sys.exit(EXIT_UNAVAILABLE)
+    except ClusterError as error:
+        print(f"bwopt: cluster failed: {error}", file=sys.stderr)
+        sys.exit(1)
     return summary.objective
+
+
+def _unavailable_errors() -> tuple:
+    """What the machine or its services lack (no TensorFlow or MLflow import: these modules are light)."""
+    from bwopt.data.service import ServiceUnavailable
+    from bwopt.devices import DeviceError
+    from bwopt.tracking import TrackingUnavailable
+
+    return (DeviceError, ServiceUnavailable, TrackingUnavailable)
+
+
+UNAVAILABLE = _unavailable_errors()
 
 
 register_configs()
@@ -67,4 +103,8 @@ def main() -> None:
         if message:
             print(f"bwopt: invalid config: {message}", file=sys.stderr)
             sys.exit(2)
-    hydra_main()
+    try:
+        hydra_main()
+    except KeyboardInterrupt:  # the run already ended KILLED and printed what it measured
+        print(f"bwopt: stopped by {STOP.requested or 'SIGINT'}", file=sys.stderr, flush=True)
+        sys.exit(STOP.exit_code)

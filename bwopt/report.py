@@ -3,7 +3,7 @@
 import sys
 import time
 from dataclasses import asdict
-from typing import Callable, Dict, List, Optional, TextIO, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from bwopt.loop import Hook, StepRecord
 
@@ -77,10 +77,23 @@ class ProgressBar(Hook):
         self._line_length = len(text)
 
 
-def summary_table(rows: List[Tuple[str, str]], indent: str = "  ") -> str:
-    """Two aligned columns: labels padded to the longest one, then two spaces, then values."""
+def summary_table(rows: List[Tuple[str, str]], indent: str = "  ", line_width: Optional[int] = None) -> str:
+    """Two aligned columns: labels padded to the longest one, then two spaces, then values.
+
+    A value longer than the line (`line_width`, default the terminal's width, 100 in a pipe)
+    wraps at word boundaries, its continuation lines aligned under the value column.
+    """
+    import shutil
+    import textwrap
+
     width = max((len(label) for label, _ in rows), default=0)
-    return "\n".join(f"{indent}{label.ljust(width)}  {value}" for label, value in rows)
+    line_width = line_width or shutil.get_terminal_size((100, 24)).columns
+    value_width = max(line_width - len(indent) - width - 2, 40)
+    continuation = "\n" + " " * (len(indent) + width + 2)
+    return "\n".join(
+        f"{indent}{label.ljust(width)}  {continuation.join(textwrap.wrap(value, value_width)) or value}"
+        for label, value in rows
+    )
 
 
 def figure_rows(figures: Dict[str, object]) -> List[Tuple[str, str]]:
@@ -134,23 +147,51 @@ def _step_time(f) -> str:
 def _input_wait(f) -> str:
     if "input_wait_fraction" not in f:
         return ""
+    if "input_stall_fraction" in f:  # split: the bottleneck verdict follows on its own row
+        return (
+            f"{f['input_wait_fraction']:.1%} of step time: input stall {f['input_stall_fraction']:.1%},"
+            f" host overhead {f['host_overhead_fraction']:.1%} (fetch, dispatch, sync)"
+        )
     verdict = f": {f['input_bound_verdict']}" if "input_bound_verdict" in f else ""
     return f"{f['input_wait_fraction']:.1%} of step time{verdict}"
+
+
+def _verdict(f) -> str:
+    if not f.get("verdict") or "input_stall_fraction" not in f:
+        return ""
+    per_execution = f.get("steps_per_execution", 1)
+    return f["verdict"] + (f"  ({per_execution} steps per execution)" if per_execution > 1 else "")
 
 
 def _ceilings(f) -> str:
     parts = []
     if "compute_ceiling_examples_per_s" in f:
-        parts.append(f"compute {f['compute_ceiling_examples_per_s']:,.1f} examples/s")
+        parts.append(f"compute {f['compute_ceiling_examples_per_s']:,.1f} examples/s{_spread(f, 'compute')}")
     if "input_ceiling_examples_per_s" in f:
-        parts.append(f"input {f['input_ceiling_examples_per_s']:,.1f} examples/s")
+        parts.append(f"input {f['input_ceiling_examples_per_s']:,.1f} examples/s{_spread(f, 'input')}")
         if "input_ceiling_bytes_per_s" in f:
             parts[-1] += f" ({f['input_ceiling_bytes_per_s'] / 1e6:,.2f} MB/s)"
     return "  ".join(parts)
 
 
+def _spread(f, ceiling: str) -> str:
+    key = f"{ceiling}_ceiling_spread"
+    return f" ± {f[key]:.1%}" if key in f else ""
+
+
 def _efficiency(f) -> str:
-    return f"{f['efficiency']:.1%} of the lower ceiling" if "efficiency" in f else ""
+    """Above 100 % only with its spread and "within noise": training cannot beat its own ceiling."""
+    if "efficiency" not in f:
+        return ""
+    value, spread = f["efficiency"], f.get("efficiency_spread")
+    text = f"{value:.1%}" + (f" ± {spread:.1%}" if spread is not None else "") + " of the lower ceiling"
+    if value <= 1.0:
+        return text
+    if spread is None:
+        return "≥ 100% of the lower ceiling (spread not measured; above 100 % is noise)"
+    if value - spread <= 1.0:
+        return f"{text}: 100 % within noise"
+    return f"{text}: above the ceiling by more than its spread (the machine's speed changed between measurements)"
 
 
 def _memcpy(f) -> str:
@@ -211,6 +252,7 @@ MEASURED_ROWS = [
     ("throughput", _throughput),
     ("step time", _step_time),
     ("input wait", _input_wait),
+    ("verdict", _verdict),
     ("ceilings", _ceilings),
     ("efficiency", _efficiency),
     ("host memcpy", _memcpy),
@@ -234,3 +276,23 @@ def print_summary(summary, file: TextIO = sys.stdout) -> None:
         figures["recommendation"] = summary.recommendation
     figures["mlflow_run_id"] = summary.run_id or "(tracking off)"
     print(head + "\n" + figures_table(figures), file=file, flush=True)
+
+
+def summary_markdown(summary, plots: Sequence[str] = ()) -> str:
+    """A bwopt.run.Summary as Markdown, for the MLflow run's description: the verdict first, the
+    recommendation in full, then the figures table and the plots to look at."""
+    figures = {**(asdict(summary.figures) if summary.figures else {}), **summary.measurements}
+    figures.update({key: value for key, value in summary.final_metrics.items() if key == "val_accuracy"})
+    head = f"**bwopt {summary.mode} run {summary.status.lower()}**"
+    if summary.devices:
+        head += f" on {summary.num_replicas} replica(s): {', '.join(f'`{device}`' for device in summary.devices)}"
+    lines = [head, ""]
+    if summary.figures and summary.mode == "train":
+        lines += [f"**Verdict:** {summary.figures.verdict or summary.figures.input_bound_verdict}", ""]
+    if summary.recommendation:
+        lines += [f"**Recommendation:** {summary.recommendation}", ""]
+    lines += ["| figure | value |", "| --- | --- |"]
+    lines += [f"| {label} | {value.replace('|', '/')} |" for label, value in figure_rows(figures)]
+    if plots:
+        lines += ["", "Plots (artifacts): " + ", ".join(f"`plots/{name}`" for name in plots)]
+    return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Stopping a run by signal: SIGINT or SIGTERM ends it between two steps, as KILLED."""
 
 import signal
+import sys
 from typing import Optional
 
 from bwopt.loop import Hook, StepRecord
@@ -11,21 +12,33 @@ class GracefulStop:
 
     Raising from the signal handler itself would interrupt TensorFlow inside an iterator's
     `get_next`, which can corrupt its heap; so the first signal only asks the loop to stop at
-    the next step boundary, and a second one stops at once.
+    the next step boundary, and a second one stops at once. While the run records what it
+    measured (`finishing`), a second signal is noted, not raised, so the figures are kept; a
+    third one stops at once.
     """
 
     def __init__(self) -> None:
         self.requested: Optional[str] = None
+        self.finishing = False
+        self.num_signals = 0
 
     def install(self) -> None:
         signal.signal(signal.SIGINT, self._handle)
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        already = self.requested
+        self.num_signals += 1
         self.requested = signal.Signals(signum).name
-        if already:
-            raise KeyboardInterrupt(f"stopped at once by a second {self.requested}")
+        if self.finishing and self.num_signals == 2:
+            print("bwopt: keeping what was measured; a third signal stops at once", file=sys.stderr, flush=True)
+            return
+        if self.num_signals > 1:
+            raise KeyboardInterrupt(f"stopped at once by another {self.requested}")
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's code for death by the signal that stopped the run: 130 SIGINT, 143 SIGTERM."""
+        return 128 + signal.Signals[self.requested or "SIGINT"].value
 
     def check(self) -> None:
         if self.requested:

@@ -1,5 +1,6 @@
 """`python -m bwopt` as users run it: fresh processes, the default store, multirun, a wheel."""
 
+import json
 import shutil
 import signal
 import subprocess
@@ -30,7 +31,7 @@ def test_module_run_uses_the_default_store_and_logs_hydra_folder(tmp_path):
     assert run.info.run_id in result.stdout
     assert run.info.status == "FINISHED"
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "summary.json", ".hydra"} <= artifacts
+    assert {"summary.json", ".hydra"} <= artifacts and "config.yaml" not in artifacts  # Hydra's copy only
     hydra_files = {item.path for item in client.list_artifacts(run.info.run_id, ".hydra")}
     assert {".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml"} <= hydra_files
     assert (tmp_path / "outputs" / "mlartifacts").is_dir()
@@ -62,12 +63,17 @@ def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path, stop_s
         if line.startswith("epoch 3/") or time.monotonic() > deadline:
             break
     process.send_signal(stop_signal)
-    process.communicate(timeout=120)
-    assert process.returncode != 0
+    _, stderr = process.communicate(timeout=120)
+    # The shell's code for death by that signal, and one line instead of a traceback.
+    assert process.returncode == 128 + stop_signal.value
+    assert f"bwopt: stopped by {stop_signal.name}" in stderr and "Traceback" not in stderr
     client, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
     assert run.info.status == "KILLED"
     assert len(client.get_metric_history(run.info.run_id, "val_accuracy")) >= 3
     assert run.data.metrics["num_timed_steps"] >= 3 * (22 - 3)
+    (summary_file,) = (tmp_path / "outputs" / "runs").glob("*/*/summary.json")
+    # The KILLED run keeps the last finished epoch's metrics.
+    assert json.loads(summary_file.read_text())["final_metrics"]["val_accuracy"] > 0
 
 
 def test_config_folder_is_found_from_an_installed_wheel(tmp_path):
@@ -177,3 +183,52 @@ def test_local_data_service_refuses_a_host_reachable_from_outside(tmp_path):
     assert "0.0.0.0" in result.stderr and "allow_external_interfaces" in result.stderr
     _, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
     assert run.info.status == "FAILED"
+
+
+def test_an_unreachable_service_ends_at_once_with_code_3_and_leaves_no_run(tmp_path):
+    """TensorFlow would wait for a dead dispatcher forever; bwopt checks it before anything starts."""
+    started = time.monotonic()
+    result = run_bwopt("pipeline.service.mode=remote", "pipeline.service.address=grpc://127.0.0.1:9", cwd=tmp_path)
+    assert result.returncode == 3 and time.monotonic() - started < 60
+    assert "pipeline.service.address='grpc://127.0.0.1:9': no tf.data dispatcher" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "outputs" / "mlflow.db").exists()
+
+
+def test_bad_data_ends_with_one_line_and_code_2(tmp_path):
+    (tmp_path / "data.tfrecord").write_bytes(b"not a TFRecord file at all")
+    (tmp_path / "more.tfrecord").write_bytes(b"")
+    overrides = ["data=tfrecord", "split=uniform", "data.feature_shape=[8]", "data.num_classes=2"]
+    result = run_bwopt(*overrides, f"data.file_pattern={tmp_path}/*.tfrecord", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"bwopt: bad data: {tmp_path}/data.tfrecord: record 0 has no valid TFRecord header" in result.stderr
+
+
+def test_a_preempted_run_resumes_the_same_mlflow_run_to_the_same_total_steps(tmp_path):
+    """SIGTERM writes a checkpoint; the same command with train.resume=true continues the same run."""
+    command = [sys.executable, "-m", "bwopt", "train.epochs=5", "measure.memcpy_bandwidth=false"]
+    environment = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    process = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+    )
+    for line in process.stdout:
+        if line.startswith("epoch 2/"):
+            break
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143 and "checkpoint written to" in stderr
+    (state_file,) = (tmp_path / "outputs" / "runs").glob("*/*/checkpoint/state.json")
+    stopped = json.loads(state_file.read_text())
+    assert stopped["epochs_done"] >= 2 and len(stopped["compute_s"]) == stopped["epochs_done"] * 22
+
+    resumed = subprocess.run(
+        [*command, "train.resume=true"], cwd=tmp_path, capture_output=True, text=True, env=environment
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"after {stopped['epochs_done']} finished epoch(s)" in resumed.stdout
+    client, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")  # one run: the same one, continued
+    assert run.info.run_id == stopped["run_id"] and run.info.status == "FINISHED"
+    # Every epoch once, the same timed steps as a run never stopped: 5 epochs x 22, less 5 warm-up each.
+    assert [point.step for point in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4, 5]
+    assert run.data.metrics["num_timed_steps"] == 5 * (22 - 5)
+    assert run.data.metrics["val_accuracy"] > 0.85
+    assert not state_file.exists()  # finished: nothing left to resume

@@ -37,8 +37,8 @@ def test_gpu_target_fails_with_a_clear_message_here(run_experiment, mlflow_clien
 
     with pytest.raises(DeviceError, match=r"TensorFlow sees no GPU.*bwopt\[gpu\].*device=cpu"):
         run_experiment("device=gpu", *TINY, experiment="no_gpu")
-    (run,) = mlflow_client.search_runs([mlflow_client.get_experiment_by_name("no_gpu").experiment_id])
-    assert run.info.status == "FAILED"
+    # Devices are set up before the MLflow run starts: a missing device records no FAILED run.
+    assert mlflow_client.get_experiment_by_name("no_gpu") is None
 
 
 def test_other_cpu_count_in_an_initialised_process_is_refused(run_experiment):

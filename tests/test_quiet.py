@@ -13,7 +13,7 @@ CXX_LOG_LINE = re.compile(
     r"^[IWEF]\d{4} |^\d{4}-\d\d-\d\d [\d:.]+: [IWEF] |absl::InitializeLog|oneDNN|cuda|cuInit|TF-TRT"
 )
 # What a train run of bwopt prints: epoch lines, the summary's head and its indented rows.
-BWOPT_LINE = re.compile(r"^(epoch \d+/\d+  |bwopt |  [A-Za-z])")
+BWOPT_LINE = re.compile(r"^(epoch \d+/\d+  |bwopt |  [A-Za-z]|\s{4,}\S)")  # \s{4,}: a wrapped table value
 
 
 @pytest.mark.slow

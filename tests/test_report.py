@@ -99,6 +99,16 @@ FIGURES = {
 }
 
 
+def test_a_long_value_wraps_under_its_column():
+    advice = "highly input-bound: 61 % of step time waits for input; nothing is cached, try pipeline=tuned " * 2
+    lines = summary_table(
+        [("throughput", "1 examples/s"), ("recommendation", advice.strip())], line_width=80
+    ).splitlines()
+    assert len(lines) >= 3 and all(len(line) <= 80 for line in lines)
+    assert all(line.startswith(" " * (2 + len("recommendation") + 2)) for line in lines[2:])
+    assert " ".join(line.strip() for line in lines[1:]).endswith(advice.strip())
+
+
 def test_figures_table_formats_every_figure():
     rows = dict(figure_rows(FIGURES))
     assert rows == {

@@ -1,5 +1,6 @@
 """Config composition and validation: everything here runs without TensorFlow."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from conftest import compose_config, count_runs, run_bwopt
 from bwopt.app import config_dir, validate
 from bwopt.schema import Config, ConfigError
 
-GROUPS = ["data", "split", "pipeline", "device", "strategy", "model", "tracking"]
+GROUPS = ["data", "split", "pipeline", "device", "strategy", "model", "tracking", "cluster"]
 
 
 def options(group):
@@ -23,6 +24,10 @@ def test_every_option_of_every_group_composes_and_validates(group, option):
         overrides.append("strategy=tpu")
     if group == "strategy" and option == "tpu":
         overrides.append("device=tpu")
+    if group == "strategy" and option in ("multi_worker_mirrored", "parameter_server"):
+        overrides.append("cluster=local")
+    if group == "cluster" and option != "none":
+        overrides.append("strategy=multi_worker_mirrored")
     if group == "data" and option in ("artificial", "tfrecord"):
         overrides.append("split=uniform")
     if group == "data" and option == "tfrecord":
@@ -188,3 +193,46 @@ def SCHEMAS_FIELDS(group, option):
     from bwopt.schema import SCHEMAS
 
     return [field.name for field in dataclasses.fields(SCHEMAS[group][option])]
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["+pipline.prefetch=2"], "pipline is not a key of 'the config'"),
+        (["+pipeline.interleave.cycle=2"], "pipeline.interleave.cycle is not a key of 'pipeline.interleave'"),
+        (["train.learning_rate=nan"], "train.learning_rate=nan is not a finite number"),
+        (
+            ["data=artificial", "split=uniform", "data.element_latency_s=inf"],
+            "data.element_latency_s=inf is not a finite",
+        ),
+        (["seed=-1"], "seed=-1 is out of range"),
+        (["tracking.experiment=''"], "tracking.experiment='' names no experiment"),
+        (["tracking.uri=sqlite:/x.db"], "a sqlite store is sqlite:///"),
+        (["tracking.uri=htp://host"], "unknown scheme 'htp'"),
+        (["tracking.uri=http://"], "expected http://host:port"),
+        (["+tracking.tags.bad$key=1"], "tracking.tags key 'bad$key' is refused by MLflow"),
+        (["mode=inference"], "mode=inference needs measure.inference_batch_sizes"),
+    ],
+)
+def test_values_that_used_to_get_through_are_rejected(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(compose_config(overrides))
+
+
+def test_two_runs_in_the_same_second_get_folders_of_their_own():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        folders = {
+            OmegaConf.to_container(compose("config", return_hydra_config=True).hydra.run, resolve=True)["dir"]
+            for _ in range(3)
+        }
+    assert len(folders) == 3
+
+
+def test_the_working_directory_as_run_folder_is_refused(tmp_path):
+    result = run_bwopt("hydra.run.dir=''", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "is the working directory" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "outputs" / "mlflow.db").exists()

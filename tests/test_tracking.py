@@ -73,3 +73,91 @@ def test_a_run_is_named_and_tagged_from_its_overrides_and_its_source(tmp_path, m
     plain.end("FINISHED")
     assert client.get_run(plain_id).info.run_name == "default"
     assert "mlflow.parentRunId" not in client.get_run(plain_id).data.tags
+
+
+START_AND_DIE = """
+import os, sys
+from bwopt.schema import MlflowTracking
+from bwopt.tracking import MlflowTracker
+tracker = MlflowTracker(MlflowTracking(uri=sys.argv[1], experiment="reaped", system_metrics=False))
+print(tracker.start({}, {}, []), flush=True)
+if sys.argv[2] == "die":
+    os.kill(os.getpid(), 9)  # as the OOM killer would: no chance to end the run
+tracker.end("FINISHED")
+"""
+
+
+def start_runs(uri, *modes):
+    import subprocess
+    import sys
+
+    processes = [
+        subprocess.Popen([sys.executable, "-c", START_AND_DIE, uri, mode], stdout=subprocess.PIPE, text=True)
+        for mode in modes
+    ]
+    return [(process.communicate(timeout=120)[0].strip(), process.returncode) for process in processes]
+
+
+def test_runs_started_together_on_a_new_store_all_land_and_a_killed_one_is_reaped(tmp_path):
+    """Four processes on a new sqlite store race in MLflow's migration; one of them dies by kill -9."""
+    from mlflow import MlflowClient
+
+    from bwopt.tracking import main
+
+    uri = f"sqlite:///{tmp_path}/new/mlflow.db"
+    results = start_runs(uri, "end", "end", "end", "die")
+    assert [code for _, code in results] == [0, 0, 0, -9]
+    client = MlflowClient(tracking_uri=uri)
+    runs = {run_id: client.get_run(run_id).info.status for run_id, _ in results}
+    assert len(runs) == 4 and list(runs.values()) == ["FINISHED"] * 3 + ["RUNNING"]
+    # The next bwopt run on the store finds the dead process's run and marks it KILLED.
+    ((next_run, code),) = start_runs(uri, "end")
+    assert code == 0 and client.get_run(results[3][0]).info.status == "KILLED"
+    assert "was gone" in client.get_run(results[3][0]).data.tags["bwopt.end_reason"]
+    assert main(["reap", uri, "reaped"]) == 0  # the command finds nothing more to mark
+
+
+def test_a_tracking_server_that_is_down_stops_the_run_within_seconds_naming_the_key():
+    import time
+
+    import pytest
+
+    from bwopt.tracking import TrackingUnavailable
+
+    tracker = MlflowTracker(MlflowTracking(uri="http://127.0.0.1:9", experiment="down"))
+    started = time.monotonic()
+    with pytest.raises(TrackingUnavailable, match=r"tracking.uri=http://127.0.0.1:9: the tracking server did not"):
+        tracker.start({}, {}, [])
+    assert time.monotonic() - started < 10
+
+
+def test_complete_logs_a_run_folder_to_its_run_after_an_outage(tmp_path):
+    import json
+
+    from mlflow import MlflowClient
+    from omegaconf import OmegaConf
+
+    from bwopt.tracking import main
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracking = MlflowTracking(uri=uri, experiment="outage_later", system_metrics=False)
+    run_id = MlflowTracker(tracking).start({}, {}, [])  # then the server went away: nothing more logged
+    folder = tmp_path / "run"
+    folder.mkdir()
+    OmegaConf.save(
+        OmegaConf.create({"tracking": {"uri": uri, "experiment": "outage_later"}, "train": {"epochs": 3}}),
+        folder / "config.yaml",
+    )
+    summary = {
+        "run_id": run_id,
+        "status": "KILLED",
+        "figures": {"throughput_examples_per_s": 1000.0, "step_time_p50_s": 0.002, "input_bound_verdict": "x"},
+        "measurements": {"peak_host_rss_bytes": 2**20},
+        "final_metrics": {"val_accuracy": 0.9},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    assert main(["complete", str(folder)]) == 0
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.metrics["step_time_p50_ms"] == 2.0 and run.data.metrics["peak_host_rss_mib"] == 1.0
+    assert run.data.metrics["val_accuracy"] == 0.9

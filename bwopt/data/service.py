@@ -31,6 +31,48 @@ ELEMENT_COMPRESSIONS: Dict[str, Optional[str]] = {"AUTO": "AUTO", "NONE": None, 
 LOOPBACK_HOST = "127.0.0.1"
 
 
+# How long a remote dispatcher may take to accept a connection before the run gives up.
+CONNECT_TIMEOUT_S = 5.0
+
+
+class ServiceUnavailable(RuntimeError):
+    """The tf.data service cannot be used: a remote dispatcher does not answer, or a local one would
+    be exposed beyond this host."""
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Connect to a dispatcher's "grpc://host:port" once: TensorFlow itself would wait for it forever.
+
+    Raises:
+        ServiceUnavailable: naming the address and the key that sets it.
+    """
+    host_port = address.split("://", 1)[-1]
+    host, _, port = host_port.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as error:
+        raise ServiceUnavailable(
+            f"pipeline.service.address={address!r}: no tf.data dispatcher answered within {timeout_s:g} s ({error}); "
+            "start it, or use pipeline.service.mode=local or off"
+        ) from None
+
+
+def check_loopback_only(allow_external_interfaces: bool) -> None:
+    """Refuse to start a local service on a host that other machines can reach, unless allowed.
+
+    Raises:
+        ServiceUnavailable: naming the addresses and the key that allows it.
+    """
+    exposed = non_loopback_addresses()
+    if exposed and not allow_external_interfaces:
+        raise ServiceUnavailable(
+            "tf.data service servers listen on 0.0.0.0 (TensorFlow offers no bind address), so "
+            f"they would be reachable on {', '.join(exposed)}; run inside a network namespace "
+            "that has only loopback, or accept the exposure with "
+            "pipeline.service.allow_external_interfaces=true"
+        )
+
+
 def free_loopback_port() -> int:
     """A TCP port that is free on 127.0.0.1 right now (the OS picks it; it may be taken later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -103,14 +145,7 @@ class LocalDataService:
                 `allow_external_interfaces` is False, or if the workers do not all register
                 within `registration_timeout_s`.
         """
-        exposed = non_loopback_addresses()
-        if exposed and not self.allow_external_interfaces:
-            raise RuntimeError(
-                "tf.data service servers listen on 0.0.0.0 (TensorFlow offers no bind address), so "
-                f"they would be reachable on {', '.join(exposed)}; run inside a network namespace "
-                "that has only loopback, or accept the exposure with allow_external_interfaces=True "
-                "(pipeline.service.allow_external_interfaces=true)"
-            )
+        check_loopback_only(self.allow_external_interfaces)
         import tensorflow as tf
 
         service = tf.data.experimental.service

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from bwopt.data.records import count_records
+from bwopt.data.records import DataError, count_records
 
 
 @dataclass
@@ -145,11 +145,11 @@ def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
     """The user's TFRecord files: `feature_key` holds raw bytes, `label_key` an int64."""
     train_files = sorted(glob.glob(config.file_pattern))
     if not train_files:
-        raise FileNotFoundError(f"data.file_pattern={config.file_pattern!r} matches no file")
+        raise DataError(f"data.file_pattern={config.file_pattern!r} matches no file")
     if config.validation_file_pattern:
         validation_files = sorted(glob.glob(config.validation_file_pattern))
         if not validation_files:
-            raise FileNotFoundError(f"data.validation_file_pattern={config.validation_file_pattern!r} matches no file")
+            raise DataError(f"data.validation_file_pattern={config.validation_file_pattern!r} matches no file")
     else:
         train_files, validation_files = held_out_files(train_files, validation_fraction)
     shape = tuple(config.feature_shape)
@@ -159,11 +159,18 @@ def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
 
         from bwopt.data.tfrecord import example_parser, tf_compression
 
-        parse = example_parser(config.feature_key, config.label_key, config.feature_dtype, shape)
-        return tf.data.TFRecordDataset(path, compression_type=tf_compression(config.compression)).map(parse)
+        parse = example_parser(config.feature_key, config.label_key, config.feature_dtype, shape, config.num_classes)
+        records = tf.data.TFRecordDataset(path, compression_type=tf_compression(config.compression))
+        examples = records.map(parse)
+        # Opt-in: drop what does not parse; a damaged file ends at its first damaged record.
+        return examples.ignore_errors() if config.skip_bad_records else examples
 
     def count(files):
-        return sum(count_records(path, config.compression) for path in files)
+        counts = [count_records(path, config.compression) for path in files]
+        empty = [path for path, number in zip(files, counts) if number == 0]
+        if empty:
+            raise DataError(f"{empty[0]}: holds no record (data.file_pattern={config.file_pattern!r})")
+        return sum(counts)
 
     return FileSource(
         train_files,

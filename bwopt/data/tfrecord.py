@@ -188,20 +188,51 @@ FEATURE_KEY = "features"
 LABEL_KEY = "label"
 
 
-def example_parser(feature_key: str, label_key: str, feature_dtype: str, feature_shape: Sequence[int]):
-    """record -> (features of `feature_shape` decoded from raw bytes, int32 label)."""
+def example_parser(
+    feature_key: str, label_key: str, feature_dtype: str, feature_shape: Sequence[int], num_classes: int = 0
+):
+    """record -> (features of `feature_shape` decoded from raw bytes, int32 label).
+
+    A record that does not fit fails with a message naming the config key to check: a missing
+    key (data.feature_key, data.label_key), a feature of the wrong size (data.feature_shape,
+    data.feature_dtype), a label outside [0, num_classes) (data.num_classes; 0 skips the check).
+    """
+    import numpy as np
     import tensorflow as tf
 
     dtype = tf.dtypes.as_dtype(feature_dtype)
+    expected_bytes = int(np.prod(feature_shape)) * dtype.size
     schema = {
-        feature_key: tf.io.FixedLenFeature([], tf.string),
-        label_key: tf.io.FixedLenFeature([], tf.int64),
+        feature_key: tf.io.FixedLenFeature([], tf.string, default_value=""),
+        label_key: tf.io.FixedLenFeature([], tf.int64, default_value=-1),
     }
 
     def parse(record):
         example = tf.io.parse_single_example(record, schema)
-        features = tf.reshape(tf.io.decode_raw(example[feature_key], dtype), feature_shape)
-        return features, tf.cast(example[label_key], tf.int32)
+        raw, label = example[feature_key], example[label_key]
+        checks = [
+            tf.debugging.assert_equal(
+                tf.strings.length(raw),
+                expected_bytes,
+                message=f"bad record: data.feature_key={feature_key!r} is missing or holds the wrong number of "
+                f"bytes for data.feature_shape={list(feature_shape)} of data.feature_dtype={feature_dtype} "
+                f"({expected_bytes} bytes)",
+            ),
+            tf.debugging.assert_non_negative(
+                label, message=f"bad record: data.label_key={label_key!r} is missing or negative"
+            ),
+        ]
+        if num_classes:
+            checks.append(
+                tf.debugging.assert_less(
+                    label,
+                    tf.constant(num_classes, tf.int64),
+                    message=f"bad record: a label is outside [0, data.num_classes={num_classes})",
+                )
+            )
+        with tf.control_dependencies(checks):
+            features = tf.reshape(tf.io.decode_raw(raw, dtype), feature_shape)
+        return features, tf.cast(label, tf.int32)
 
     return parse
 

@@ -24,15 +24,21 @@ from bwopt.schema.checks import (
     check_fraction,
     check_int_or_autotune,
 )
+from bwopt.schema.cluster import ClusterConfig, LocalCluster, NoCluster, SlurmCluster, TFConfigCluster
 from bwopt.schema.data import SPLITS, ArtificialData, DataConfig, DigitsData, SplitConfig, SyntheticData, TFRecordData
 from bwopt.schema.devices import (
+    COMMUNICATIONS,
     CROSS_DEVICE_OPS,
+    MULTI_PROCESS_STRATEGIES,
     CpuDevice,
     DefaultStrategy,
     DeviceConfig,
     GpuDevice,
     MirroredStrategy,
+    ModelParallelStrategy,
+    MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
+    ParameterServerStrategy,
     StrategyConfig,
     TpuDevice,
     TpuStrategy,
@@ -56,7 +62,16 @@ __all__ = [
     "AUTOTUNE",
     "AUTO_SHARD_POLICIES",
     "ArtificialData",
+    "COMMUNICATIONS",
     "CROSS_DEVICE_OPS",
+    "ClusterConfig",
+    "LocalCluster",
+    "MULTI_PROCESS_STRATEGIES",
+    "MultiWorkerMirroredStrategy",
+    "NoCluster",
+    "ParameterServerStrategy",
+    "SlurmCluster",
+    "TFConfigCluster",
     "CnnModel",
     "Config",
     "ConfigError",
@@ -126,6 +141,17 @@ class TrainConfig:
     epoch_warmup_steps: Optional[int] = None
     # Steps per epoch; null for one pass over the training split.
     steps_per_epoch: Optional[int] = None
+    # Training steps per compiled call (Keras's name): N > 1 loops over the distributed iterator
+    # inside one tf.function and reads results on the host once per call, so the host's fixed cost
+    # per step (fetch, dispatch, sync) is paid once per N steps; each epoch runs a whole number of calls.
+    steps_per_execution: int = 1
+    # Stop the run, FAILED, at the first NaN or infinite loss (Keras's TerminateOnNaN).
+    terminate_on_nan: bool = True
+    # Continue the most recent run of the same command that a signal stopped (bwopt.checkpoint);
+    # a run folder (hydra.run.dir) that holds a stopped run's checkpoint is resumed in any case.
+    resume: bool = False
+    # Write that checkpoint when a signal stops a training run.
+    checkpoint_on_stop: bool = True
     optimizer: str = "adam"
     learning_rate: float = 1e-3
 
@@ -137,6 +163,12 @@ class TrainConfig:
             check_at_least("train.epoch_warmup_steps", self.epoch_warmup_steps, 0)
         if self.steps_per_epoch is not None:
             check_at_least("train.steps_per_epoch", self.steps_per_epoch, 1)
+        check_at_least("train.steps_per_execution", self.steps_per_execution, 1)
+        if self.steps_per_epoch is not None and self.steps_per_epoch % self.steps_per_execution:
+            raise ConfigError(
+                f"train.steps_per_epoch={self.steps_per_epoch} is not a multiple of train.steps_per_execution="
+                f"{self.steps_per_execution}; every epoch runs whole executions, so use a multiple of it"
+            )
         check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
         if self.learning_rate <= 0:
             raise ConfigError(f"train.learning_rate={self.learning_rate!r}; expected a value > 0")
@@ -147,9 +179,11 @@ class MeasureConfig:
     """Figures beyond the timed loop; each costs extra time, so each can be turned off."""
 
     # Also measure the compute ceiling (the step on batches already on the device) and the
-    # input ceiling (the distributed dataset iterated alone), `ceiling_steps` steps each.
+    # input ceiling (the distributed dataset iterated alone), `ceiling_steps` steps each, split
+    # into `ceiling_blocks` alternating blocks (median and spread over the blocks).
     ceilings: bool = False
     ceiling_steps: int = 100
+    ceiling_blocks: int = 5
     # Host memcpy bandwidth, the physical reference for bytes/s.
     memcpy_bandwidth: bool = True
     # Inference throughput and latency for these batch sizes after training ([] = off).
@@ -162,9 +196,17 @@ class MeasureConfig:
     profile_num_steps: int = 0
     # A live progress bar on interactive terminals.
     progress: bool = True
+    # PNG plots of the step times (and of the ceilings) in the run folder and in MLflow.
+    plots: bool = True
 
     def __post_init__(self) -> None:
         check_at_least("measure.ceiling_steps", self.ceiling_steps, 2)
+        check_at_least("measure.ceiling_blocks", self.ceiling_blocks, 1)
+        if self.ceiling_steps < 2 * self.ceiling_blocks:
+            raise ConfigError(
+                f"measure.ceiling_steps={self.ceiling_steps} gives fewer than 2 steps to each of the "
+                f"measure.ceiling_blocks={self.ceiling_blocks} blocks; raise ceiling_steps or lower ceiling_blocks"
+            )
         check_at_least("measure.inference_batches", self.inference_batches, 2)
         check_at_least("measure.inference_warmup_batches", self.inference_warmup_batches, 0)
         if self.inference_batch_sizes and min(self.inference_batch_sizes) < 1:
@@ -183,6 +225,7 @@ class Config:
     strategy: Any = MISSING
     model: Any = MISSING
     tracking: Any = MISSING
+    cluster: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     seed: int = 0
@@ -191,13 +234,21 @@ class Config:
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
+        check_at_least("seed", self.seed, 0)
+        for group, options in SCHEMAS.items():  # `group.name=x` set directly must still name an option
+            if group != "pipeline":  # pipeline presets share one schema; their names are free
+                check_choice(f"{group}.name", getattr(self, group).name, tuple(options))
         check_valid_combination(self)
 
     @property
     def num_replicas(self) -> Optional[int]:
         """Replicas the strategy will have, when known without asking TensorFlow."""
-        if self.strategy.name in ("default", "one_device"):
-            return 1
+        if self.strategy.name in ("default", "one_device", "parameter_server", "model_parallel"):
+            return 1  # parameter_server: one replica per step, the workers' steps are asynchronous
+        if self.strategy.name == "multi_worker_mirrored":
+            # One replica per worker on CPUs (TensorFlow uses one CPU device per worker).
+            local = self.cluster.name == "local" and self.device.name == "cpu"
+            return self.cluster.num_workers if local else None
         if self.device.name == "cpu":
             return self.device.num_cpu_devices
         if self.device.name == "gpu" and self.device.visible_gpus is not None:
@@ -207,6 +258,12 @@ class Config:
 
 def check_valid_combination(config: Config) -> None:
     """Cross-group checks: what no single group can tell on its own."""
+    if config.strategy.name == "model_parallel" and config.device.name == "cpu":
+        if config.strategy.num_stages > config.device.num_cpu_devices:
+            raise ConfigError(
+                f"strategy.num_stages={config.strategy.num_stages} needs as many devices, but "
+                f"device.num_cpu_devices={config.device.num_cpu_devices}; raise it or use fewer stages"
+            )
     if (config.strategy.name == "tpu") != (config.device.name == "tpu"):
         raise ConfigError(
             f"strategy={config.strategy.name} with device={config.device.name}: "
@@ -226,6 +283,7 @@ def check_valid_combination(config: Config) -> None:
         raise ConfigError(
             "data.step_compute_s sleeps in Python, which XLA cannot compile; set device.jit_compile=false"
         )
+    check_cluster(config)
     if config.num_replicas:
         check_batch_divisible(config, config.num_replicas)
     if config.mode != "train" and config.measure.ceilings:
@@ -234,6 +292,23 @@ def check_valid_combination(config: Config) -> None:
         raise ConfigError("mode=inference needs measure.inference_batch_sizes, e.g. [1,32,256]")
     if config.mode == "input" and config.measure.inference_batch_sizes:
         raise ConfigError("measure.inference_batch_sizes needs mode=train or mode=inference, not mode=input")
+
+
+def check_cluster(config: Config) -> None:
+    """A strategy that spans processes needs a cluster, and a cluster needs such a strategy."""
+    strategy, cluster = config.strategy.name, config.cluster.name
+    if strategy in MULTI_PROCESS_STRATEGIES and cluster == "none":
+        raise ConfigError(
+            f"strategy={strategy} runs across processes and needs a cluster; "
+            "use cluster=local (bwopt starts them here), cluster=tf_config or cluster=slurm"
+        )
+    if cluster != "none" and strategy not in MULTI_PROCESS_STRATEGIES:
+        raise ConfigError(
+            f"cluster={cluster} with strategy={strategy}: a cluster needs a multi-process strategy; "
+            f"use strategy={' or strategy='.join(MULTI_PROCESS_STRATEGIES)}, or cluster=none"
+        )
+    if cluster != "none" and config.device.name == "tpu":
+        raise ConfigError(f"cluster={cluster} with device=tpu: TPU pods are reached through strategy=tpu, cluster=none")
 
 
 def check_batch_divisible(config: Config, num_replicas: int) -> None:
@@ -259,10 +334,14 @@ SCHEMAS = {
         "default": DefaultStrategy,
         "one_device": OneDeviceStrategy,
         "mirrored": MirroredStrategy,
+        "model_parallel": ModelParallelStrategy,
         "tpu": TpuStrategy,
+        "multi_worker_mirrored": MultiWorkerMirroredStrategy,
+        "parameter_server": ParameterServerStrategy,
     },
     "model": {"mlp": MlpModel, "cnn": CnnModel},
     "tracking": {"mlflow": MlflowTracking, "none": NoTracking},
+    "cluster": {"none": NoCluster, "local": LocalCluster, "tf_config": TFConfigCluster, "slurm": SlurmCluster},
 }
 
 

@@ -1,5 +1,7 @@
 """Value checks shared by the schemas, and the constants they check against."""
 
+import dataclasses
+import math
 from typing import Any
 
 AUTOTUNE = "autotune"
@@ -34,3 +36,31 @@ def check_int_or_autotune(key: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{key}={value!r} has the wrong type; expected an integer >= {minimum} or '{AUTOTUNE}'")
     check_at_least(key, value, minimum)
+
+
+def check_known_and_finite(node: Any, path: str = "") -> None:
+    """Walk a validated config: no key outside the schema (a `+key=value` typo), no NaN or infinity.
+
+    OmegaConf lets `+` add keys to a struct config and `to_object` keeps them as attributes, so a
+    misspelt `+pipline.prefetch=2` would run with the setting ignored; float('nan') passes every
+    range check, since every comparison with it is false.
+    """
+    if dataclasses.is_dataclass(node):
+        fields = {field.name for field in dataclasses.fields(node)}
+        unknown = sorted(set(vars(node)) - fields)
+        if unknown:
+            section = path or "the config"
+            raise ConfigError(
+                f"{path + '.' if path else ''}{unknown[0]} is not a key of {section!r}; "
+                f"its keys are: {', '.join(sorted(fields))}"
+            )
+        for name in fields:
+            check_known_and_finite(getattr(node, name), f"{path + '.' if path else ''}{name}")
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            check_known_and_finite(value, f"{path}.{key}")
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            check_known_and_finite(value, path)
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{path}={node!r} is not a finite number; expected a real value")

@@ -86,6 +86,9 @@ class TFRecordData(DataConfig):
     num_classes: int = MISSING
     # Device-side multiplier after the cast, e.g. 1/255 for 8-bit images.
     feature_scale: float = 1.0
+    # Drop records that do not parse (a damaged file ends at its first damaged record) instead of
+    # failing; the run logs how many were skipped (skipped_records).
+    skip_bad_records: bool = False
 
     def __post_init__(self) -> None:
         check_choice("data.compression", self.compression, TFRECORD_COMPRESSIONS)

@@ -146,10 +146,22 @@ def test_it_refuses_to_start_where_the_servers_would_be_reachable_from_outside()
     if not exposed:
         pytest.skip("this process has only loopback addresses, where starting is allowed")
     listening = listening_sockets()
-    with pytest.raises(RuntimeError, match="listen on 0.0.0.0.*allow_external_interfaces=True"):
+    with pytest.raises(RuntimeError, match="listen on 0.0.0.0.*pipeline.service.allow_external_interfaces=true"):
         with LocalDataService(num_workers=1):
             pass
     assert listening_sockets() == listening
+
+
+def test_a_local_service_that_would_be_exposed_ends_the_run_before_it_starts(tmp_path):
+    """One line, exit code 3, and no MLflow run that only records where the machine is."""
+    from conftest import run_bwopt
+
+    if not non_loopback_addresses():
+        pytest.skip("this process has only loopback addresses, where starting is allowed")
+    result = run_bwopt("pipeline.service.mode=local", cwd=tmp_path)
+    assert result.returncode == 3 and "Traceback" not in result.stderr
+    assert "pipeline.service.allow_external_interfaces=true" in result.stderr
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()
 
 
 @pytest.mark.parametrize(
@@ -174,3 +186,14 @@ def test_a_service_needs_a_worker():
 if __name__ == "__main__":
     bring_up_loopback()
     print(RESULT_PREFIX + json.dumps(run_scenarios()), flush=True)
+
+
+def test_a_dispatcher_that_does_not_answer_is_named_within_seconds():
+    import time
+
+    from bwopt.data.service import ServiceUnavailable, check_reachable, free_loopback_port
+
+    started = time.monotonic()
+    with pytest.raises(ServiceUnavailable, match=r"pipeline.service.address='grpc://127.0.0.1:\d+': no tf.data"):
+        check_reachable(f"grpc://127.0.0.1:{free_loopback_port()}", timeout_s=2)
+    assert time.monotonic() - started < 5
