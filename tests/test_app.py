@@ -173,18 +173,6 @@ def test_training_through_a_data_service_in_a_loopback_only_namespace(tmp_path, 
     assert run.data.metrics["val_accuracy"] > 0.5
 
 
-def test_local_data_service_refuses_a_host_reachable_from_outside(tmp_path):
-    from bwopt.data.service import non_loopback_addresses
-
-    if not non_loopback_addresses():
-        pytest.skip("this host has only loopback addresses, where a local service may start")
-    result = run_bwopt(*TINY, "pipeline.service.mode=local", cwd=tmp_path)
-    assert result.returncode != 0
-    assert "0.0.0.0" in result.stderr and "allow_external_interfaces" in result.stderr
-    _, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
-    assert run.info.status == "FAILED"
-
-
 def test_an_unreachable_service_ends_at_once_with_code_3_and_leaves_no_run(tmp_path):
     """TensorFlow would wait for a dead dispatcher forever; bwopt checks it before anything starts."""
     started = time.monotonic()

@@ -210,8 +210,12 @@ def test_parallel_interleave_overlaps_file_latency():
         labels = [int(label) for _, batch_labels in batches for label in batch_labels]
         return time.perf_counter() - started, sorted(labels)
 
-    serial_s, serial_labels = read_all("interleave.cycle_length=1", "interleave.num_parallel_calls=1")
-    parallel_s, parallel_labels = read_all("interleave.cycle_length=3", "interleave.num_parallel_calls=3")
+    # Best of two reads each, alternated: a loaded machine delays a thread now and then, not always.
+    serial, parallel = [], []
+    for _ in range(2):
+        serial.append(read_all("interleave.cycle_length=1", "interleave.num_parallel_calls=1"))
+        parallel.append(read_all("interleave.cycle_length=3", "interleave.num_parallel_calls=3"))
+    (serial_s, serial_labels), (parallel_s, parallel_labels) = min(serial), min(parallel)
     assert serial_labels == parallel_labels and len(serial_labels) == 6 * 4
     assert serial_s >= 6 * 0.25
     assert parallel_s < 0.75 * serial_s

@@ -138,13 +138,15 @@ def input_bound_verdict(input_wait_fraction: float) -> str:
 
 
 def bottleneck_verdict(input_stall_fraction: float, host_overhead_fraction: float) -> str:
-    """The run's bottleneck, in this order: a stall of >= 20 % of step time is "highly input-bound";
-    else host overhead >= 20 % is "host-overhead-bound"; else a stall of >= 5 % is "moderately
-    input-bound"; else "compute-bound" (the device's own work, or the step's math on the CPU)."""
+    """The run's bottleneck: of a stall of >= 20 % of step time ("highly input-bound") and host
+    overhead >= 20 % ("host-overhead-bound"), the larger one; else a stall of >= 5 % is
+    "moderately input-bound"; else "compute-bound" (the device's own work, or the step's math on
+    the CPU). Each has its own cure, so when both are large the verdict names the larger."""
     input_verdict = input_bound_verdict(input_stall_fraction)
-    if input_verdict == "highly input-bound":
+    host_bound = host_overhead_fraction >= HOST_OVERHEAD_BOUND
+    if input_verdict == "highly input-bound" and not (host_bound and host_overhead_fraction > input_stall_fraction):
         return input_verdict
-    if host_overhead_fraction >= HOST_OVERHEAD_BOUND:
+    if host_bound:
         return "host-overhead-bound"
     return "compute-bound" if input_verdict == "not input-bound" else input_verdict
 

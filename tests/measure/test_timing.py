@@ -199,7 +199,8 @@ def test_with_steps_per_execution_the_stall_is_time_beyond_a_ready_execution():
 @pytest.mark.parametrize(
     "stall,host,verdict",
     [
-        (0.25, 0.5, "highly input-bound"),
+        (0.25, 0.20, "highly input-bound"),
+        (0.21, 0.38, "host-overhead-bound"),  # both large: the larger one, whose cure pays most
         (0.10, 0.30, "host-overhead-bound"),
         (0.10, 0.10, "moderately input-bound"),
         (0.01, 0.19, "compute-bound"),
