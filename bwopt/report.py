@@ -147,13 +147,16 @@ def _step_time(f) -> str:
 def _input_wait(f) -> str:
     if "input_wait_fraction" not in f:
         return ""
-    if "input_stall_fraction" in f:  # split: the bottleneck verdict follows on its own row
-        return (
-            f"{f['input_wait_fraction']:.1%} of step time: input stall {f['input_stall_fraction']:.1%},"
-            f" host overhead {f['host_overhead_fraction']:.1%} (fetch, dispatch, sync)"
-        )
+    if "input_stall_fraction" in f:  # split: host overhead and the verdict follow on rows of their own
+        return f"{f['input_wait_fraction']:.1%} of step time, of which input stall {f['input_stall_fraction']:.1%}"
     verdict = f": {f['input_bound_verdict']}" if "input_bound_verdict" in f else ""
     return f"{f['input_wait_fraction']:.1%} of step time{verdict}"
+
+
+def _host_overhead(f) -> str:
+    if "host_overhead_fraction" not in f or "input_stall_fraction" not in f:
+        return ""
+    return f"{f['host_overhead_fraction']:.1%} of step time (fetch a ready batch, dispatch, sync)"
 
 
 def _verdict(f) -> str:
@@ -252,6 +255,7 @@ MEASURED_ROWS = [
     ("throughput", _throughput),
     ("step time", _step_time),
     ("input wait", _input_wait),
+    ("host overhead", _host_overhead),
     ("verdict", _verdict),
     ("ceilings", _ceilings),
     ("efficiency", _efficiency),
