@@ -46,20 +46,12 @@ def run_coordinated_training(run: "Run") -> Dict[str, float]:
     import tensorflow as tf
 
     from bwopt.signals import STOP
-    from bwopt.train import EpochMetrics, make_step_functions
+    from bwopt.train import EpochMetrics
 
     config, strategy, plan = run.config, run.strategy, run.input_plan.steps
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    model, optimizer = run.build_model()
-    steps = make_step_functions(
-        strategy,
-        model,
-        optimizer,
-        config.train.global_batch_size,
-        run.source.feature_scale,
-        config.device.jit_compile,
-        step_compute_s=run.source.step_compute_s,
-    )
+    run.build_model()
+    steps = run.step_functions()
     per_worker_dataset = coordinator.create_per_worker_dataset(run.distributed_dataset(training=True))
     per_worker_iterator = iter(per_worker_dataset)
     worker_ids = worker_indices(coordinator)

@@ -19,21 +19,12 @@ def run_training(run: "Run") -> Dict[str, float]:
 
         return run_coordinated_training(run)
     from bwopt.strategies import distribute_input
-    from bwopt.train import make_step_functions, train
+    from bwopt.train import train
 
     config = run.config
-    model, optimizer = run.build_model()
+    model, _ = run.build_model()
     run.restore_checkpoint()  # a run resumed after a stop: its weights, from its last stop
-    steps = make_step_functions(
-        run.strategy,
-        model,
-        optimizer,
-        config.train.global_batch_size,
-        run.source.feature_scale,
-        config.device.jit_compile,
-        step_compute_s=run.source.step_compute_s,
-        steps_per_execution=config.train.steps_per_execution,
-    )
+    steps = run.step_functions(config.train.steps_per_execution)
     train_iterator = iter(run.distributed_dataset(training=True))
     train(steps, train_iterator, run.distributed_dataset(training=False), run.input_plan.steps, run.loop_hooks())
     # After training and its epoch metrics: the references and the ceilings train on their batches.

@@ -323,6 +323,22 @@ class Run:
         self.model, self.optimizer = model, optimizer
         return model, optimizer
 
+    def step_functions(self, steps_per_execution: int = 1):
+        """The compiled distributed train and evaluation steps of the model `build_model` made."""
+        from bwopt.train import make_step_functions
+
+        config = self.config
+        return make_step_functions(
+            self.strategy,
+            self.model,
+            self.optimizer,
+            config.train.global_batch_size,
+            self.source.feature_scale,
+            config.device.jit_compile,
+            step_compute_s=self.source.step_compute_s,
+            steps_per_execution=steps_per_execution,
+        )
+
     def distributed_dataset(self, training: bool):
         """The training or validation dataset, distributed as pipeline.distribute says."""
         from bwopt.strategies import distribute_input
