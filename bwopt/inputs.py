@@ -108,6 +108,48 @@ def steps_per_execution(config) -> int:
     return config.train.steps_per_execution if config.mode == "train" else 1
 
 
+def available_memory_bytes() -> int:
+    """Physical memory free for this run now (Linux: available pages; elsewhere all of it)."""
+    import os
+
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 2**62
+
+
+def check_fits_in_memory(config, available_bytes: Optional[int] = None) -> None:
+    """Refuse, before anything is loaded, data and batches that cannot fit in memory.
+
+    Counted: a synthetic data set as it is generated (float32, before a uint8 conversion), and the
+    largest training or inference batch as float32 model inputs, times 4 for the activations and
+    gradients beside them (a floor: a wide model needs more).
+    """
+    available = available_memory_bytes() if available_bytes is None else available_bytes
+    data = config.data
+    shape = data.image_shape if data.name == "synthetic" else getattr(data, "feature_shape", [8, 8, 1])
+    example_bytes = int(np.prod(shape)) * 4
+
+    def refuse(key: str, value, needed: int) -> None:
+        raise ConfigError(
+            f"{key}={value} needs about {needed / 2**30:,.1f} GiB, but {available / 2**30:,.1f} GiB of memory "
+            "is free; lower it"
+        )
+
+    if data.name == "synthetic" and data.num_examples * example_bytes > 0.8 * available:
+        refuse(
+            f"data.num_examples (of data.image_shape={list(shape)})",
+            data.num_examples,
+            data.num_examples * example_bytes,
+        )
+    batch = config.train.global_batch_size
+    if batch * example_bytes * 4 > 0.5 * available:
+        refuse("train.global_batch_size", batch, batch * example_bytes * 4)
+    sizes = config.measure.inference_batch_sizes
+    if sizes and max(sizes) * example_bytes * 4 > 0.5 * available:
+        refuse("measure.inference_batch_sizes", list(sizes), max(sizes) * example_bytes * 4)
+
+
 def step_plan(config, steps_per_epoch: int) -> StepPlan:
     """The one place the config becomes warm-up, excluded and timed steps (bwopt.measure.timing).
 

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 from bwopt.coordinated import overlapping_steps_figures
 from bwopt.data.sources import load_source
-from bwopt.inputs import Inputs, plan
+from bwopt.inputs import Inputs, check_fits_in_memory, plan
 from bwopt.loop import Hook
 from bwopt.measure import HostReferences, StepPlan, StepTimer, TimingFigures, timing_figures
 from bwopt.redact import redact, redact_text
@@ -172,6 +172,7 @@ class Run:
 
         config = self.config
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        check_fits_in_memory(config)
         self.source = load_source(config.data, config.seed, config.split.validation_fraction)
         self.input_plan = plan(config, self.source)
         service = config.pipeline.service

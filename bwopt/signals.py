@@ -1,5 +1,6 @@
 """Stopping a run by signal: SIGINT or SIGTERM ends it between two steps, as KILLED."""
 
+import contextlib
 import signal
 import sys
 from typing import Optional
@@ -14,13 +15,25 @@ class GracefulStop:
     `get_next`, which can corrupt its heap; so the first signal only asks the loop to stop at
     the next step boundary, and a second one stops at once. While the run records what it
     measured (`finishing`), a second signal is noted, not raised, so the figures are kept; a
-    third one stops at once.
+    third one stops at once. While the run waits on something outside the process
+    (`interruptible`: the tracking store), the first signal stops at once: nothing of
+    TensorFlow's is interrupted there, and the wait must not hold the stop back.
     """
 
     def __init__(self) -> None:
         self.requested: Optional[str] = None
         self.finishing = False
         self.num_signals = 0
+        self.waiting_outside = False
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        """A wait on another process or machine, during which the first signal raises at once."""
+        before, self.waiting_outside = self.waiting_outside, True
+        try:
+            yield
+        finally:
+            self.waiting_outside = before
 
     def install(self) -> None:
         signal.signal(signal.SIGINT, self._handle)
@@ -32,8 +45,8 @@ class GracefulStop:
         if self.finishing and self.num_signals == 2:
             print("bwopt: keeping what was measured; a third signal stops at once", file=sys.stderr, flush=True)
             return
-        if self.num_signals > 1:
-            raise KeyboardInterrupt(f"stopped at once by another {self.requested}")
+        if self.num_signals > 1 or (self.waiting_outside and not self.finishing):
+            raise KeyboardInterrupt(f"stopped at once by {self.requested}")
 
     @property
     def exit_code(self) -> int:

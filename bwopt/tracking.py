@@ -216,7 +216,14 @@ class MlflowTracker:
     ) -> str:
         """Create the run, named from `overrides` unless tracking.run_name is set, with MLflow's
         own source tags (source name and type, user, git commit), as its fluent API sets them;
-        or, with `resume`, reopen that run (a stopped run continued: bwopt.checkpoint)."""
+        or, with `resume`, reopen that run (a stopped run continued: bwopt.checkpoint). A signal
+        while the store is slow to answer stops at once."""
+        from bwopt.signals import STOP
+
+        with STOP.interruptible():
+            return self._start(params, tags, overrides, resume)
+
+    def _start(self, params, tags, overrides, resume) -> str:
         from mlflow import MlflowClient
         from mlflow.entities import Param, RunTag
         from mlflow.tracking.context.registry import resolve_tags
@@ -274,8 +281,11 @@ class MlflowTracker:
             monitor.mlflow_logger.flush()
 
     def _guarded(self, what: str, action) -> None:
+        from bwopt.signals import STOP
+
         try:
-            action()
+            with STOP.interruptible():  # a store that hangs must not hold a stop back
+                action()
         except Exception as error:  # a tracking outage must not end the measurement
             print(f"bwopt: warning: MLflow could not {what}: {redact_text(str(error))}", file=sys.stderr)
 

@@ -1,5 +1,7 @@
 """Input planning: sizes and timed steps from the config, before TensorFlow; then real runs that honour them."""
 
+import re
+
 import pytest
 from conftest import compose_config
 
@@ -94,3 +96,20 @@ def test_steps_per_execution_plans_whole_executions():
 def test_a_split_that_holds_out_nothing_is_refused_before_training():
     with pytest.raises(ConfigError, match=r"split.validation_fraction=0.0001 holds out no example"):
         planned("split=uniform", "split.validation_fraction=0.0001")
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["data=synthetic", "data.num_examples=100000", "data.image_shape=[224,224,3]"], "data.num_examples"),
+        (["train.global_batch_size=10000000"], "train.global_batch_size=10000000"),
+        (["measure.inference_batch_sizes=[1,50000000]"], "measure.inference_batch_sizes=[1, 50000000]"),
+    ],
+)
+def test_data_and_batches_too_large_for_memory_are_refused_before_loading(overrides, key):
+    from bwopt.inputs import check_fits_in_memory
+
+    config = validate(compose_config(overrides))
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}.* GiB of memory is free; lower it"):
+        check_fits_in_memory(config, available_bytes=8 * 2**30)
+    check_fits_in_memory(validate(compose_config()), available_bytes=8 * 2**30)  # the default fits

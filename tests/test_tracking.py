@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from bwopt.schema import MlflowTracking
 from bwopt.tracking import MlflowTracker, flatten, sqlite_artifact_location
 
@@ -161,3 +163,36 @@ def test_complete_logs_a_run_folder_to_its_run_after_an_outage(tmp_path):
     assert run.info.status == "KILLED"
     assert run.data.metrics["step_time_p50_ms"] == 2.0 and run.data.metrics["peak_host_rss_mib"] == 1.0
     assert run.data.metrics["val_accuracy"] == 0.9
+
+
+@pytest.mark.slow
+def test_the_first_signal_stops_a_run_that_waits_on_a_silent_tracking_server(tmp_path):
+    """A server that accepts and never answers: the wait gives way to Ctrl-C at once, exit 130."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    command = [sys.executable, "-m", "bwopt", f"tracking.uri=http://127.0.0.1:{port}"]
+    environment = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    process = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=environment)
+    try:
+        server.settimeout(60)
+        connection, _ = server.accept()  # bwopt now waits for an answer that never comes
+        time.sleep(0.3)
+        process.send_signal(signal.SIGINT)
+        stopped = time.monotonic()
+        _, stderr = process.communicate(timeout=60)
+        assert time.monotonic() - stopped < 3  # the start-up wait alone would take 5 s
+        assert process.returncode == 130 and "bwopt: stopped by SIGINT" in stderr and "Traceback" not in stderr
+        connection.close()
+    finally:
+        process.kill()
+        server.close()
