@@ -363,7 +363,9 @@ def complete(run_folder: Path) -> str:
     config_file = run_folder / ".hydra" / "config.yaml"
     config = OmegaConf.load(config_file if config_file.exists() else run_folder / "config.yaml")
     client = MlflowClient(tracking_uri=config.tracking.uri)
-    figures = {key: value for key, value in (summary["figures"] or {}).items() if not isinstance(value, str)}
+    figures = {  # the numbers the run measured (unmeasured ones are null)
+        key: value for key, value in (summary["figures"] or {}).items() if isinstance(value, (int, float))
+    }
     metrics = readable_metrics({**figures, **summary["measurements"]})
     tracker = MlflowTracker(config.tracking)
     tracker.client, tracker.run_id = client, summary["run_id"]

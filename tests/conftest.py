@@ -1,10 +1,12 @@
 """Shared fixtures: compose the real conf/, shrunk to tiny runs that write under tmp_path."""
 
+import contextlib
 import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -76,3 +78,49 @@ def count_runs(database: Path) -> int:
         return 0
     with sqlite3.connect(database) as connection:
         return connection.execute("select count(*) from runs").fetchone()[0]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(folder: Path, port: Optional[int] = None, start_timeout_s: float = 90.0):
+    """A real `mlflow server` on 127.0.0.1 with a sqlite store in `folder`; yields its URI, stops it after."""
+    import signal
+    import time
+    import urllib.request
+
+    port = port or free_port()
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command += ["--backend-store-uri", f"sqlite:///{folder / 'db'}", "--default-artifact-root", str(folder / "art")]
+    log_file = folder / f"server-{port}.log"
+    with log_file.open("a") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"mlflow server exited with {server.returncode}: {log_file.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"mlflow server not up after {start_timeout_s} s: {log_file.read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and its workers: the session started for it
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()

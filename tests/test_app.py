@@ -220,3 +220,27 @@ def test_a_preempted_run_resumes_the_same_mlflow_run_to_the_same_total_steps(tmp
     assert run.data.metrics["num_timed_steps"] == 5 * (22 - 5)
     assert run.data.metrics["val_accuracy"] > 0.85
     assert not state_file.exists()  # finished: nothing left to resume
+
+
+def test_a_second_signal_while_the_run_records_keeps_what_was_measured(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bwopt", "train.epochs=500", "train.warmup_steps=3"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    for line in process.stdout:
+        if line.startswith("epoch 2/"):
+            break
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # the loop stopped at its next step; the run now records (memcpy test, plots, MLflow)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143 and "keeping what was measured" in stderr
+    (summary_file,) = (tmp_path / "outputs" / "runs").glob("*/*/summary.json")
+    summary = json.loads(summary_file.read_text())
+    assert summary["status"] == "KILLED" and summary["figures"]["num_timed_steps"] >= 2 * (22 - 3)
+    _, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
+    assert run.info.status == "KILLED" and run.data.metrics["num_timed_steps"] == summary["figures"]["num_timed_steps"]

@@ -196,3 +196,47 @@ def test_the_first_signal_stops_a_run_that_waits_on_a_silent_tracking_server(tmp
     finally:
         process.kill()
         server.close()
+
+
+@pytest.mark.slow
+def test_a_tracking_server_that_dies_mid_run_loses_no_measurement(tmp_path):
+    """The run goes on and finishes with its figures in the run folder; once the server is back,
+    `python -m bwopt.tracking complete` gives the MLflow run what it missed."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO, free_port, mlflow_server
+    from mlflow import MlflowClient
+
+    port, folder = free_port(), tmp_path / "run"
+    command = [sys.executable, "-m", "bwopt", f"tracking.uri=http://127.0.0.1:{port}", "train.epochs=30"]
+    command += [f"hydra.run.dir={folder}", "measure.memcpy_bandwidth=false", "tracking.system_metrics=false"]
+    environment = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    with mlflow_server(tmp_path, port):
+        process = subprocess.Popen(
+            command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+        )
+        for line in process.stdout:
+            if line.startswith("epoch 2/"):
+                break
+    # The server is gone from epoch 3 on.
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "MLflow could not log metrics" in stderr and "epoch 30/30" in stdout
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "FINISHED" and summary["figures"]["num_timed_steps"] == 30 * (22 - 5)
+
+    with mlflow_server(tmp_path, port) as uri:  # back, on the same store
+        completed = subprocess.run(
+            [sys.executable, "-m", "bwopt.tracking", "complete", str(folder)],
+            capture_output=True,
+            text=True,
+            env={**environment, "PYTHONPATH": str(REPO)},
+            timeout=120,
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        run = MlflowClient(tracking_uri=uri).get_run(summary["run_id"])
+        assert run.info.status == "FINISHED"
+        assert run.data.metrics["num_timed_steps"] == 30 * (22 - 5)
+        assert run.data.metrics["val_accuracy"] == pytest.approx(summary["final_metrics"]["val_accuracy"])

@@ -1,17 +1,10 @@
 """Scale-out presets: SLURM and Ray launchers compose without their plugins; a sweep against a real MLflow server."""
 
 import importlib.util
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 import yaml
-from conftest import compose_config, run_bwopt
+from conftest import compose_config, mlflow_server, run_bwopt
 from hydra.core.plugins import Plugins
 
 TINY = ["train.epochs=1", "train.warmup_steps=2", "train.steps_per_epoch=6", "measure.memcpy_bandwidth=false"]
@@ -67,38 +60,11 @@ def test_the_server_tracking_preset_is_the_mlflow_tracker_on_a_server():
     )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_until_up(url: str, server: subprocess.Popen, log_file) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"mlflow server exited with {server.returncode}: {log_file.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"mlflow server not up after {SERVER_START_TIMEOUT_S} s: {log_file.read_text()[-3000:]}")
-
-
 @pytest.mark.slow
 def test_a_sweep_against_a_real_mlflow_server_has_its_parent_and_children_there(tmp_path):
     from mlflow import MlflowClient
 
-    port, log_file = free_port(), tmp_path / "server.log"
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    command += ["--backend-store-uri", f"sqlite:///{tmp_path / 'db'}", "--default-artifact-root", str(tmp_path / "art")]
-    with log_file.open("w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(f"{uri}/health", server, log_file)
+    with mlflow_server(tmp_path) as uri:
         work = tmp_path / "work"
         work.mkdir()
         server_tracking = ["tracking=server/mlflow", f"tracking.uri={uri}"]
@@ -119,10 +85,3 @@ def test_a_sweep_against_a_real_mlflow_server_has_its_parent_and_children_there(
         assert all(child.info.status == "FINISHED" for child in children)
         assert all(child.data.metrics["throughput_examples_per_s"] > 0 for child in children)
         assert "report.md" in {item.path for item in client.list_artifacts(parent.info.run_id)}
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the server and its workers: the session started for it
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
