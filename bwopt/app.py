@@ -6,6 +6,7 @@ load inside the runner, after the config has been validated.
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -95,6 +96,24 @@ register_configs()
 hydra_main = hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")(run_job)
 
 
+def unwritable_run_folder(arguments) -> Optional[str]:
+    """Why the run folder given on the command line cannot be made, or None.
+
+    Hydra makes the folder before bwopt runs and answers a failure with a traceback; its fixed
+    part (up to the first `${...}`) is made here first, as Hydra would make it.
+    """
+    for argument in arguments:
+        key, _, value = argument.partition("=")
+        if key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and value.strip("'\""):
+            fixed = value.strip("'\"").split("${", 1)[0]
+            try:
+                Path(fixed or ".").mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                reason = f"{error.strerror}: {error.filename}"
+                return f"{key}={value}: the run folder cannot be made ({reason}); give a writable folder"
+    return None
+
+
 def main() -> None:
     # Set explicitly: a process started in the background inherits SIGINT ignored.
     STOP.install()
@@ -103,6 +122,10 @@ def main() -> None:
         if message:
             print(f"bwopt: invalid config: {message}", file=sys.stderr)
             sys.exit(2)
+    message = unwritable_run_folder(sys.argv[1:])
+    if message:
+        print(f"bwopt: invalid config: {message}", file=sys.stderr)
+        sys.exit(EXIT_INVALID_CONFIG)
     try:
         hydra_main()
     except KeyboardInterrupt:  # the run already ended KILLED and printed what it measured

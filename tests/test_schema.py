@@ -236,3 +236,10 @@ def test_the_working_directory_as_run_folder_is_refused(tmp_path):
     assert result.returncode == 2
     assert "is the working directory" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "outputs" / "mlflow.db").exists()
+
+
+def test_a_run_folder_that_cannot_be_made_is_one_line_not_a_traceback(tmp_path):
+    (tmp_path / "a_file").write_text("")  # a folder cannot be made inside a file, even by root
+    result = run_bwopt(f"hydra.run.dir={tmp_path}/a_file/run", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"hydra.run.dir={tmp_path}/a_file/run: the run folder cannot be made" in result.stderr
