@@ -65,7 +65,7 @@ def check_store(uri: str) -> None:
         folder = database.parent if database.parent != Path("") else Path(".")
         folder = next((parent for parent in (folder, *folder.parents) if parent.exists()), Path("."))
         target = database if database.exists() else folder
-        if not os.access(target, os.W_OK):
+        if database.is_dir() or not folder.is_dir() or not os.access(target, os.W_OK):
             raise TrackingUnavailable(
                 f"tracking.uri={redact_text(uri)}: {target} is not writable; point tracking.uri at a writable place"
             )

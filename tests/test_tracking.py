@@ -240,3 +240,12 @@ def test_a_tracking_server_that_dies_mid_run_loses_no_measurement(tmp_path):
         assert run.info.status == "FINISHED"
         assert run.data.metrics["num_timed_steps"] == 30 * (22 - 5)
         assert run.data.metrics["val_accuracy"] == pytest.approx(summary["final_metrics"]["val_accuracy"])
+
+
+def test_a_sqlite_store_that_cannot_be_written_stops_the_run_at_once_naming_the_key(tmp_path):
+    from bwopt.tracking import TrackingUnavailable
+
+    (tmp_path / "a_file").write_text("")  # no database can be made inside a file, even by root
+    tracker = MlflowTracker(MlflowTracking(uri=f"sqlite:///{tmp_path}/a_file/mlflow.db", experiment="x"))
+    with pytest.raises(TrackingUnavailable, match=r"tracking.uri=sqlite:///.*a_file/mlflow.db: .* is not writable"):
+        tracker.start({}, {}, [])
