@@ -20,7 +20,7 @@ N takes 1, 8 and 32 on both sides. Each measurement is the wall clock around one
 dataset. Before the rounds every side gets one warm-up call (tracing, autotuning); then the six
 sides alternate in rounds (order reversed every other round). Printed: each side's median
 examples/s (min-max), fit's best N (highest median), and the per-round ratios bwopt N / fit N
-at that N (the comparison the issue asks for: target >= 1.0), and at every other N.
+at that N (the comparison that matters: target >= 1.0), and at every other N.
 
 With Keras 3 on the TensorFlow backend fit reads its logs on the host after every execution,
 as bwopt does, so at equal N both sides sync equally often.

@@ -1,6 +1,6 @@
 """bwopt against the loop a user would write instead, on the identical workload.
 
-Workload (the issue's): MLP 512-512 (bwopt.models, conf/model/mlp.yaml with hidden_units
+Workload: MLP 512-512 (bwopt.models, conf/model/mlp.yaml with hidden_units
 [512, 512]) on scikit-learn's digits, global batch 256, Adam 0.003, default strategy, CPU.
 Four sides, alternated round by round (order reversed every other round), each timed after
 its warm-up steps:
