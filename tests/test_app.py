@@ -235,8 +235,10 @@ def test_a_second_signal_while_the_run_records_keeps_what_was_measured(tmp_path)
         if line.startswith("epoch 2/"):
             break
     process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)  # the loop stopped at its next step; the run now records (memcpy test, plots, MLflow)
-    process.send_signal(signal.SIGTERM)
+    for line in process.stderr:  # the loop stopped at its next step; the run's end has begun
+        if "checkpoint written to" in line:
+            break
+    process.send_signal(signal.SIGTERM)  # while it records (memcpy test, plots, MLflow)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 143 and "keeping what was measured" in stderr
     (summary_file,) = (tmp_path / "outputs" / "runs").glob("*/*/summary.json")
