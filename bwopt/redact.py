@@ -6,6 +6,7 @@ folder and the terminal. This module imports nothing of bwopt's, so the schema c
 """
 
 import re
+from pathlib import Path
 from typing import Any
 
 MASK = "***"
@@ -32,3 +33,15 @@ def redact(node: Any, key: str = "") -> Any:
     if SECRET_KEY.search(key) and node not in (None, "", False):
         return MASK
     return redact_text(node) if isinstance(node, str) else node
+
+
+def redacted_copy(folder: Path, into: Path) -> Path:
+    """The YAML files of `folder` (Hydra's .hydra/) with secrets masked, written into `into`.
+
+    `redact` masks the overrides' lists too: each `key=value` string goes through `redact_text`.
+    """
+    import yaml
+
+    for path in folder.glob("*.yaml"):
+        (into / path.name).write_text(yaml.safe_dump(redact(yaml.safe_load(path.read_text())), sort_keys=False))
+    return into

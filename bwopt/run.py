@@ -23,7 +23,7 @@ from bwopt.data.sources import load_source
 from bwopt.inputs import Inputs, check_fits_in_memory, plan
 from bwopt.loop import Hook
 from bwopt.measure import HostReferences, StepPlan, StepTimer, TimingFigures, timing_figures
-from bwopt.redact import redact, redact_text
+from bwopt.redact import redact, redact_text, redacted_copy
 from bwopt.schema import Config, check_batch_divisible
 from bwopt.signals import STOP, StopCheck
 from bwopt.tracking import build_tracker, flatten, readable_metrics
@@ -85,27 +85,6 @@ def tensorflow_reason(error: Exception) -> str:
         return own.group(1).replace("\\'", "'")
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", first)
-
-
-def redacted_copy(folder: Path, into: Path) -> Path:
-    """The YAML files of `folder` (Hydra's .hydra/) with secrets masked, written into `into`."""
-    import yaml
-
-    for path in folder.glob("*.yaml"):
-        (into / path.name).write_text(yaml.safe_dump(redact_yaml(yaml.safe_load(path.read_text())), sort_keys=False))
-    return into
-
-
-def redact_yaml(node):
-    """`redact`, and in lists of overrides (`key=value` strings) the secret-looking values too."""
-    if isinstance(node, list):
-        return [redact_text(item) if isinstance(item, str) else redact_yaml(item) for item in node]
-    if isinstance(node, dict):
-        return {
-            key: redact_yaml(value) if isinstance(value, (list, dict)) else redact(value, str(key))
-            for key, value in node.items()
-        }
-    return redact(node)
 
 
 class EpochLog(Hook):

@@ -48,10 +48,10 @@ def test_multirun_gives_one_mlflow_run_per_job(tmp_path):
     assert all(run.info.status == "FINISHED" for run in runs)
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path, stop_signal):
+def start_until_epoch(tmp_path, epoch: int, *overrides) -> subprocess.Popen:
+    """`python -m bwopt OVERRIDES` in a fresh process, returned once it has printed epoch `epoch`."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "bwopt", "train.epochs=500", "train.warmup_steps=3"],
+        [sys.executable, "-m", "bwopt", *overrides],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -60,8 +60,14 @@ def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path, stop_s
     )
     deadline = time.monotonic() + 120
     for line in process.stdout:
-        if line.startswith("epoch 3/") or time.monotonic() > deadline:
+        if line.startswith(f"epoch {epoch}/") or time.monotonic() > deadline:
             break
+    return process
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_is_marked_killed_and_keeps_its_metrics(tmp_path, stop_signal):
+    process = start_until_epoch(tmp_path, 3, "train.epochs=500", "train.warmup_steps=3")
     process.send_signal(stop_signal)
     _, stderr = process.communicate(timeout=120)
     # The shell's code for death by that signal, and one line instead of a traceback.
@@ -195,12 +201,7 @@ def test_a_preempted_run_resumes_the_same_mlflow_run_to_the_same_total_steps(tmp
     """SIGTERM writes a checkpoint; the same command with train.resume=true continues the same run."""
     command = [sys.executable, "-m", "bwopt", "train.epochs=5", "measure.memcpy_bandwidth=false"]
     environment = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    process = subprocess.Popen(
-        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
-    )
-    for line in process.stdout:
-        if line.startswith("epoch 2/"):
-            break
+    process = start_until_epoch(tmp_path, 2, *command[3:])
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 143 and "checkpoint written to" in stderr
@@ -223,17 +224,7 @@ def test_a_preempted_run_resumes_the_same_mlflow_run_to_the_same_total_steps(tmp
 
 
 def test_a_second_signal_while_the_run_records_keeps_what_was_measured(tmp_path):
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bwopt", "train.epochs=500", "train.warmup_steps=3"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )
-    for line in process.stdout:
-        if line.startswith("epoch 2/"):
-            break
+    process = start_until_epoch(tmp_path, 2, "train.epochs=500", "train.warmup_steps=3")
     process.send_signal(signal.SIGTERM)
     for line in process.stderr:  # the loop stopped at its next step; the run's end has begun
         if "checkpoint written to" in line:

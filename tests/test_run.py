@@ -153,7 +153,7 @@ def test_secrets_reach_neither_mlflow_nor_the_run_folder_nor_the_terminal(
 def test_redaction_masks_uri_passwords_and_secret_overrides_in_hydra_files(tmp_path):
     import yaml
 
-    from bwopt.run import redacted_copy
+    from bwopt.redact import redacted_copy
 
     hydra = tmp_path / ".hydra"
     hydra.mkdir()
