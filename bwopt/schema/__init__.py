@@ -314,9 +314,11 @@ def check_cluster(config: Config) -> None:
 def check_batch_divisible(config: Config, num_replicas: int) -> None:
     """Every replica gets the same share of a global batch."""
     if config.train.global_batch_size % num_replicas:
+        # Name the key the replica count comes from too: either key may be the one to change.
+        source = f" (device.num_cpu_devices={config.device.num_cpu_devices})" if config.device.name == "cpu" else ""
         raise ConfigError(
             f"train.global_batch_size={config.train.global_batch_size} is not divisible by the "
-            f"{num_replicas} replicas of strategy={config.strategy.name}; use a multiple of {num_replicas}"
+            f"{num_replicas} replicas of strategy={config.strategy.name}{source}; use a multiple of {num_replicas}"
         )
 
 
