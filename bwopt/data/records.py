@@ -3,14 +3,25 @@
 Counting also checks every record's frame: its length field's CRC (CRC-32C, masked as TFRecord
 masks it) and that the record is whole, so a truncated, random or wrongly-compressed file is
 named, with the record index, before anything trains. The records' data CRCs are left to
-TensorFlow's reader, which checks them as it reads (bwopt then names the file, `Run.diagnose`).
+TensorFlow's reader, which checks them as it reads (bwopt then names the file, bwopt.data.diagnose).
+
+A file is counted once: its count is remembered under bwopt's cache folder, keyed by the file's
+real path, size, modification time and compression, so a run over a large data set starts
+without reading it again; a file that changes is counted (and checked) anew. Only regular files
+are read: a named pipe, a device or a folder matching the pattern is refused up front (opening a
+pipe would block until someone writes to it).
 """
 
 import gzip
+import hashlib
+import json
 import os
+import stat
 import struct
+import tempfile
 import zlib
 from pathlib import Path
+from typing import Optional
 
 
 class DataError(ValueError):
@@ -49,33 +60,99 @@ def open_records(path: str, compression: str):
 
 
 class _ZlibReader:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.position = zlib.decompress(data), 0
+    """A ZLIB-compressed file read as a stream, a chunk at a time (never whole into memory)."""
+
+    CHUNK_BYTES = 1 << 20
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "rb")
+        self.decompressor = zlib.decompressobj()
+        self.buffer = b""
 
     def read(self, size: int) -> bytes:
-        chunk = self.data[self.position : self.position + size]
-        self.position += len(chunk)
-        return chunk
-
-    def seek(self, offset: int, whence: int = 0) -> None:
-        self.position += offset
+        while len(self.buffer) < size and not self.decompressor.eof:
+            chunk = self.file.read(self.CHUNK_BYTES)
+            if not chunk:
+                if not self.decompressor.eof:
+                    raise zlib.error("the compressed stream ends early")
+                break
+            self.buffer += self.decompressor.decompress(chunk)
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
+        self.file.close()
+
+
+def check_regular_file(path: str) -> os.stat_result:
+    """The file's status; a DataError when it is not a regular file (or cannot be reached)."""
+    try:
+        status = os.stat(path)
+    except OSError as error:  # a dangling link, a symlink loop, no permission
+        raise DataError(f"{path}: cannot be read ({error.strerror}); check the file and data.file_pattern") from None
+    if not stat.S_ISREG(status.st_mode):
+        kind = (
+            "a folder"
+            if stat.S_ISDIR(status.st_mode)
+            else "a named pipe"
+            if stat.S_ISFIFO(status.st_mode)
+            else "not a regular file"
+        )
+        raise DataError(f"{path}: is {kind}, not a data file; make data.file_pattern match files only")
+    return status
+
+
+def count_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bwopt" / "record-counts"
+
+
+def _count_key(path: str, status: os.stat_result, compression: str) -> str:
+    identity = json.dumps([os.path.realpath(path), status.st_size, status.st_mtime_ns, compression])
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+
+def remembered_count(path: str, status: os.stat_result, compression: str) -> Optional[int]:
+    try:
+        return int((count_cache_dir() / _count_key(path, status, compression)).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def remember_count(path: str, status: os.stat_result, compression: str, count: int) -> None:
+    """Written atomically; a cache that cannot be written only costs the next run a recount."""
+    folder = count_cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False) as file:
+            file.write(str(count))
+        os.replace(file.name, folder / _count_key(path, status, compression))
+    except OSError:
         pass
 
 
 def count_records(path: str, compression: str = "NONE") -> int:
-    """Records in one TFRecord file: each is a uint64 length, its masked CRC, the data and a CRC.
+    """Records in one TFRecord file, remembered once counted (see the module docstring).
 
     Raises:
         DataError: naming the file, the record and `data.compression`, when the file is not a whole
-            TFRecord file with that compression (truncated, random bytes, another compression).
+            TFRecord file with that compression (truncated, random bytes, another compression), or
+            not a regular file.
     """
+    status = check_regular_file(path)
+    count = remembered_count(path, status, compression)
+    if count is None:
+        count = read_and_count(path, compression, status.st_size)
+        remember_count(path, status, compression, count)
+    return count
+
+
+def read_and_count(path: str, compression: str, file_size: int) -> int:
+    """Records in one TFRecord file, read: each is a uint64 length, its masked CRC, the data and a CRC."""
     count = 0
-    size = os.path.getsize(path) if compression == "NONE" else None
+    size = file_size if compression == "NONE" else None
     try:
         with open_records(path, compression) as stream:
             while True:
@@ -106,5 +183,5 @@ def count_records(path: str, compression: str = "NONE") -> int:
 OPENERS = {
     "NONE": lambda path: open(path, "rb"),
     "GZIP": lambda path: gzip.open(path, "rb"),
-    "ZLIB": lambda path: _ZlibReader(Path(path).read_bytes()),
+    "ZLIB": _ZlibReader,
 }

@@ -1,19 +1,27 @@
 """Data sources.
 
-Two kinds: an `ArraySource` holds the whole data set as host arrays (digits, synthetic), so it
+Four kinds: an `ArraySource` holds the whole data set as host arrays (digits, synthetic), so it
 can be split by example and materialised as TFRecord shards; a `FileSource` streams examples
-from files (artificial, the user's TFRecord files), split by file and read through interleave.
+from files (artificial, the user's TFRecord files), split by file and read through interleave;
+an `ImageFileSource` lists image files (images, sample_images: bwopt.data.images), split by
+file like the examples of an array; a `DatasetSource` is the user's own tf.data function
+(custom: bwopt.data.custom). Encoded images stay encoded until the pipeline decodes them.
 Nothing here imports TensorFlow at module level.
 """
 
 import glob
+import os
+import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from bwopt.data.records import DataError, count_records
+from bwopt.data.custom import load_custom
+from bwopt.data.images import image_record_parser, load_images
+from bwopt.data.records import DataError, check_regular_file, count_records
+from bwopt.data.sample_images import load_sample_images
 
 
 @dataclass
@@ -32,6 +40,7 @@ class ArraySource:
     num_classes: int
     feature_scale: float
     step_compute_s: float = 0.0
+    encoded_images: bool = False
 
     @property
     def feature_shape(self) -> Tuple[int, ...]:
@@ -55,6 +64,7 @@ class FileSource:
         open_file: path tensor -> tf.data.Dataset of (features, int32 label) examples.
         num_train_examples, num_validation_examples: examples in each set of files.
         step_compute_s: extra time each train step spends (the artificial workload).
+        encoded_images: examples hold encoded images, which the pipeline decodes to `feature_shape`.
     """
 
     train_files: List[str]
@@ -68,6 +78,7 @@ class FileSource:
     num_validation_examples: int
     step_compute_s: float = 0.0
     value_range: Optional[Tuple[float, float]] = None
+    encoded_images: bool = False
 
 
 def load_digits() -> ArraySource:
@@ -141,15 +152,38 @@ def load_artificial(config, seed: int, validation_fraction: float) -> FileSource
     )
 
 
+def warn_if_not_held_out(train_files: Sequence[str], validation_files: Sequence[str]) -> None:
+    """A warning when validation files are also training files (the same file by any path): the
+    validation figures then measure memorisation, not what the model learned."""
+    shared = sorted(set(map(os.path.realpath, train_files)) & set(map(os.path.realpath, validation_files)))
+    if shared:
+        print(
+            f"bwopt: warning: data.validation_file_pattern matches {len(shared)} of the training files "
+            f"(first: {shared[0]}); the validation figures are not on held-out data",
+            file=sys.stderr,
+        )
+
+
 def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
-    """The user's TFRecord files: `feature_key` holds raw bytes, `label_key` an int64."""
+    """The user's TFRecord files: `feature_key` holds raw bytes (data.format=raw) or an encoded
+    image (data.format=image, decoded by the pipeline), `label_key` an int64."""
     train_files = sorted(glob.glob(config.file_pattern))
     if not train_files:
         raise DataError(f"data.file_pattern={config.file_pattern!r} matches no file")
+    for path in train_files:  # a folder, a named pipe, a link loop: named before anything opens them
+        check_regular_file(path)
     if config.validation_file_pattern:
         validation_files = sorted(glob.glob(config.validation_file_pattern))
         if not validation_files:
             raise DataError(f"data.validation_file_pattern={config.validation_file_pattern!r} matches no file")
+        for path in validation_files:
+            check_regular_file(path)
+        warn_if_not_held_out(train_files, validation_files)
+    elif len(train_files) < 2:
+        raise DataError(
+            f"data.file_pattern={config.file_pattern!r} matches 1 file, and holding out validation files "
+            "needs at least 2; give more files or data.validation_file_pattern"
+        )
     else:
         train_files, validation_files = held_out_files(train_files, validation_fraction)
     shape = tuple(config.feature_shape)
@@ -159,7 +193,12 @@ def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
 
         from bwopt.data.tfrecord import example_parser, tf_compression
 
-        parse = example_parser(config.feature_key, config.label_key, config.feature_dtype, shape, config.num_classes)
+        if config.format == "image":
+            parse = image_record_parser(config.feature_key, config.label_key, config.num_classes)
+        else:
+            parse = example_parser(
+                config.feature_key, config.label_key, config.feature_dtype, shape, config.num_classes
+            )
         records = tf.data.TFRecordDataset(path, compression_type=tf_compression(config.compression))
         examples = records.map(parse)
         # Opt-in: drop what does not parse; a damaged file ends at its first damaged record.
@@ -182,15 +221,29 @@ def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
         config.feature_scale,
         count(train_files),
         count(validation_files),
+        value_range=(0.0, 255.0) if config.format == "image" else None,
+        encoded_images=config.format == "image",
     )
 
 
 ARRAY_SOURCES: Dict[str, Callable] = {"digits": lambda config, seed: load_digits(), "synthetic": load_synthetic}
-FILE_SOURCES: Dict[str, Callable] = {"artificial": load_artificial, "tfrecord": load_tfrecord}
+# Sources not held as host arrays; each takes (config, seed, validation_fraction).
+FILE_SOURCES: Dict[str, Callable] = {
+    "artificial": load_artificial,
+    "tfrecord": load_tfrecord,
+    "images": load_images,
+    "sample_images": load_sample_images,
+    "custom": load_custom,
+}
+
+
+# Sources whose loading runs TensorFlow (the user's function builds tensors, and bwopt counts its
+# examples), which fixes TensorFlow's devices: devices and strategy must be set up before them.
+LOADED_WITH_TENSORFLOW = ("custom",)
 
 
 def load_source(config, seed: int, validation_fraction: float = 0.2):
-    """An ArraySource or a FileSource for `data.name`."""
+    """The source of `data.name`: an ArraySource, FileSource, ImageFileSource or DatasetSource."""
     if config.name in ARRAY_SOURCES:
         return ARRAY_SOURCES[config.name](config, seed)
     if config.name in FILE_SOURCES:

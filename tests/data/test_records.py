@@ -61,6 +61,26 @@ def test_a_damaged_or_mis_declared_file_is_named_before_anything_runs(shards, tm
         count_records(str(path), compression)
 
 
+def test_a_pattern_that_names_a_folder_or_one_file_is_a_data_error_naming_the_key(shards, tmp_path):
+    from conftest import compose_config
+
+    from bwopt.app import validate
+    from bwopt.data.sources import load_source
+
+    def load(pattern):
+        overrides = [item for item in user_files(tmp_path) if not item.startswith("data.file_pattern=")]
+        config = validate(compose_config([*overrides, f"data.file_pattern={pattern}"]))
+        return load_source(config.data, config.seed, config.split.validation_fraction)
+
+    folder = tmp_path / "files"
+    copy_shards(shards, folder)
+    with pytest.raises(DataError, match=f"^{folder}: is a folder, not a data file; make data.file_pattern match"):
+        load(str(folder))
+    with pytest.raises(DataError, match=r"data.file_pattern='.*shard-0.*' matches 1 file, and holding out"):
+        load(str(sorted(folder.iterdir())[0]))
+
+
+@pytest.mark.slow
 def test_an_empty_file_or_no_file_is_a_data_error_before_the_run(run_experiment, shards, tmp_path, mlflow_client):
     folder = tmp_path / "files"
     copy_shards(shards, folder)
@@ -72,6 +92,7 @@ def test_an_empty_file_or_no_file_is_a_data_error_before_the_run(run_experiment,
     assert mlflow_client.get_experiment_by_name("empty_file") is None  # no run records a data mistake
 
 
+@pytest.mark.slow  # trains for seconds
 def test_a_flipped_byte_names_the_file_and_record_and_the_run_fails(run_experiment, shards, tmp_path, mlflow_client):
     folder = tmp_path / "files"
     paths = copy_shards(shards, folder)
@@ -96,8 +117,80 @@ def test_a_flipped_byte_names_the_file_and_record_and_the_run_fails(run_experime
         (["data.num_classes=5"], r"outside \[0, data.num_classes=5\)"),
     ],
 )
+@pytest.mark.slow
 def test_records_that_do_not_fit_the_config_name_the_key(run_experiment, shards, tmp_path, overrides, key):
     folder = tmp_path / "files"
     copy_shards(shards, folder)
     with pytest.raises(DataError, match=rf"{folder}/.*: record \d+: .*{key}"):
         run_experiment(*user_files(folder, *overrides), "tracking=none")
+
+
+@pytest.fixture
+def count_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "bwopt" / "record-counts"
+
+
+def test_a_file_is_counted_once_then_remembered_until_it_changes(shards, tmp_path, count_cache):
+    path = tmp_path / "shard.tfrecord"
+    data = shards[0].read_bytes()
+    path.write_bytes(data)
+    first = count_records(str(path))
+    assert first > 0 and len(list(count_cache.iterdir())) == 1
+    # Same size and modification time, other bytes: the remembered count is used, the file not read.
+    status = path.stat()
+    path.write_bytes(os.urandom(len(data)))
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert count_records(str(path)) == first
+    # A file that changes is read (and checked) again.
+    path.write_bytes(data + data)
+    assert count_records(str(path)) == 2 * first
+
+
+def test_zlib_files_are_counted_as_a_stream(shards, tmp_path, count_cache):
+    import zlib
+
+    path = tmp_path / "shard.zlib"
+    data = shards[0].read_bytes()
+    path.write_bytes(zlib.compress(data * 3))
+    assert count_records(str(path), "ZLIB") == 3 * count_records(str(shards[0]))
+    truncated = tmp_path / "truncated.zlib"
+    truncated.write_bytes(zlib.compress(data)[:-40])
+    with pytest.raises(DataError, match="cannot be read with data.compression=ZLIB"):
+        count_records(str(truncated), "ZLIB")
+
+
+def test_what_is_not_a_regular_file_is_refused_without_opening_it(tmp_path, count_cache):
+    fifo = tmp_path / "pipe.tfrecord"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer comes
+    with pytest.raises(DataError, match="is a named pipe, not a data file"):
+        count_records(str(fifo))
+    with pytest.raises(DataError, match="is a folder, not a data file"):
+        count_records(str(tmp_path))
+    loop = tmp_path / "loop.tfrecord"
+    loop.symlink_to(loop)
+    with pytest.raises(DataError, match="cannot be read"):
+        count_records(str(loop))
+    with pytest.raises(DataError, match="not a data file"):
+        count_records("/dev/null")  # a character device
+
+
+def test_validation_files_that_are_training_files_are_warned_about(shards, tmp_path, count_cache, capsys):
+    from conftest import compose_config
+
+    from bwopt.app import validate
+    from bwopt.data.sources import load_tfrecord
+
+    folder = tmp_path / "files"
+    copy_shards(shards, folder)
+    (tmp_path / "alias").symlink_to(folder)  # the same files by another path
+    held_out = [item.replace(f"{folder}/*", f"'{folder}/*-0000[012]-*'") for item in user_files(folder)]
+    config = validate(compose_config([*held_out, f"data.validation_file_pattern={folder}/*-00003-*"]))
+    load_tfrecord(config.data, config.seed, config.split.validation_fraction)
+    assert "warning" not in capsys.readouterr().err
+    shared = user_files(folder, f"data.validation_file_pattern={tmp_path / 'alias'}/*")
+    config = validate(compose_config(shared))
+    load_tfrecord(config.data, config.seed, config.split.validation_fraction)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("bwopt: warning: data.validation_file_pattern matches 4 of the training files")
+    assert "not on held-out data" in line

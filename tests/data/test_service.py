@@ -112,17 +112,20 @@ def scenarios():
     return json.loads(lines[-1][len(RESULT_PREFIX) :])
 
 
+@pytest.mark.slow  # servers in a child process
 @pytest.mark.parametrize("mode", ["distributed_epoch", "dynamic", "data"])
 def test_a_shared_epoch_over_two_workers_yields_each_element_once(scenarios, mode):
     assert scenarios[mode] == list(range(100))
 
 
+@pytest.mark.slow  # servers in a child process
 def test_parallel_epochs_on_two_workers_yield_each_element_twice(scenarios):
     values, counts = np.unique(scenarios["parallel_epochs"], return_counts=True)
     assert values.tolist() == list(range(100))
     assert set(counts.tolist()) == {2}
 
 
+@pytest.mark.slow  # servers in a child process
 def test_the_servers_are_reachable_on_loopback_only(scenarios):
     dispatcher_port, *worker_ports = scenarios["ports"]
     assert scenarios["address"] == f"grpc://127.0.0.1:{dispatcher_port}"
@@ -135,6 +138,7 @@ def test_the_servers_are_reachable_on_loopback_only(scenarios):
     assert scenarios["accepting"] == [True, True, True]
 
 
+@pytest.mark.slow  # servers in a child process
 def test_leaving_the_service_closes_every_port(scenarios):
     assert scenarios["listening_after"] == []
     assert scenarios["accepting_after"] == [False, False, False]
@@ -152,6 +156,7 @@ def test_it_refuses_to_start_where_the_servers_would_be_reachable_from_outside()
     assert listening_sockets() == listening
 
 
+@pytest.mark.slow  # python -m bwopt in a process
 def test_a_local_service_that_would_be_exposed_ends_the_run_before_it_starts(tmp_path):
     """One line, exit code 3, and no MLflow run that only records where the machine is."""
     from conftest import run_bwopt
