@@ -5,12 +5,15 @@ imports it as `_common` (the script's own folder is first on sys.path when it is
 
 - `SMOKE`: `BWOPT_BENCHMARK_SMOKE=1` asks for the short form the smoke tests run.
 - `compose(overrides)`: the real conf/ plus overrides, as `python -m bwopt` would compose it,
-  validated by `bwopt.app.validate`; returns (Config, resolved dict) for `bwopt.run.run`.
+  validated by `bwopt.app.validate`; returns (Config, resolved dict) for `bwopt.modes.run`.
 - `run_bwopt(config, resolved, folder)`: one real bwopt run, its printed summary swallowed;
   returns its `Summary` (raises when the run did not finish).
 - `alternate(sides, rounds)`: every side once per round, the order reversed every other round
   (ABBA...), so a drift in machine speed hits every side alike; returns each side's values.
-- `spread(values)` / `ratios(a, b)`: "median (min-max)" text, and per-round ratios a/b.
+- `spread(values)` / `ratios(a, b)`: "median M (95 % CI of the median; min, max)" text, and
+  per-round ratios a/b; `verdict(values, target)` says "target met" only when the interval
+  clears the target, "target missed" when it lies on the wrong side, else "within noise of the
+  target".
 """
 
 import contextlib
@@ -48,8 +51,8 @@ def configure_devices(config) -> None:
 
 
 def run_bwopt(config, resolved, folder: Path):
-    """One bwopt run (`bwopt.run.run`); returns its Summary. Its printed summary is discarded."""
-    from bwopt.run import run
+    """One bwopt run (`bwopt.modes.run`); returns its Summary. Its printed summary is discarded."""
+    from bwopt.modes import run
 
     with contextlib.redirect_stdout(io.StringIO()):
         summary = run(config, output_dir=Path(folder), resolved=resolved)
@@ -72,15 +75,38 @@ def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> List[f
     return [a / b for a, b in zip(numerators, denominators)]
 
 
+def median_interval(values: Sequence[float], resamples: int = 2000) -> List[float]:
+    """[low, high]: a 95 % bootstrap interval of the median of `values` (rounds are independent;
+    with few rounds it is wide, which is the point)."""
+    import numpy as np
+
+    data = np.asarray(values, dtype=np.float64)
+    if len(data) < 2:
+        return [float(data[0]), float(data[0])]
+    medians = np.median(np.random.default_rng(0).choice(data, size=(resamples, len(data))), axis=1)
+    return [float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))]
+
+
 def spread(values: Sequence[float], fmt: str = ",.3f") -> str:
-    """'median M (min A, max B)' of `values`."""
-    return f"median {statistics.median(values):{fmt}} (min {min(values):{fmt}}, max {max(values):{fmt}})"
+    """'median M (95 % CI L–H; min A, max B)' of `values`."""
+    low, high = median_interval(values)
+    return (
+        f"median {statistics.median(values):{fmt}} (95 % CI {low:{fmt}}–{high:{fmt}}; "
+        f"min {min(values):{fmt}}, max {max(values):{fmt}})"
+    )
 
 
-def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
-    """'target met' / 'target missed', on the median."""
-    met = value >= target if higher_is_better else value < target
-    return "target met" if met else "target missed"
+def verdict(values, target: float, higher_is_better: bool = True) -> str:
+    """On the median's interval: 'target met' when it clears the target, 'target missed' when it
+    lies wholly on the wrong side, else 'within noise of the target'. A single value is its own interval."""
+    low, high = median_interval([values] if isinstance(values, (int, float)) else values)
+    if not higher_is_better:
+        low, high, target = -high, -low, -target
+    if low >= target:
+        return "target met"
+    if high < target:
+        return "target missed"
+    return "within noise of the target"
 
 
 def load_line() -> str:

@@ -44,7 +44,7 @@ def build_training():
     import keras
     import tensorflow as tf
 
-    from bwopt.train import make_step_functions
+    from bwopt.train import StepSettings, make_step_functions
 
     strategy = tf.distribute.get_strategy()
     rng = np.random.default_rng(0)
@@ -58,7 +58,7 @@ def build_training():
         )
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
-    steps = make_step_functions(strategy, model, optimizer, GLOBAL_BATCH, 1 / 255, False)
+    steps = make_step_functions(strategy, model, optimizer, StepSettings(GLOBAL_BATCH, 1 / 255))
     return steps, iter(strategy.experimental_distribute_dataset(dataset))
 
 

@@ -18,7 +18,6 @@ Run: `.venv/bin/python benchmarks/tracking_overhead.py` (about 60 s on 2 cores);
 `BWOPT_BENCHMARK_SMOKE=1` runs one short round (the smoke test).
 """
 
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -64,7 +63,7 @@ def main() -> None:
     for name, values in results.items():
         print(f"  {name:<13} examples/s {spread(values, ',.0f')}  whole run {spread(walls[name], '.2f')} s")
     per_round = ratios(results["tracking on"], results["tracking off"])
-    note = f"  target >= {TARGET}: {verdict(statistics.median(per_round), TARGET)}"
+    note = f"  target >= {TARGET}: {verdict(per_round, TARGET)}"
     print(f"ratio throughput tracking on/off: {spread(per_round)}{note}")
     print(f"ratio whole-run wall time tracking on/off: {spread(ratios(walls['tracking on'], walls['tracking off']))}")
 

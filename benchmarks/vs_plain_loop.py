@@ -1,153 +1,172 @@
-"""bwopt against the loop a user would write instead, on the identical workload.
+"""What bwopt's timed loop costs: bwopt's loop against the loop a user would write instead, on the
+identical workload and pipeline.
 
-Workload: MLP 512-512 (bwopt.models, conf/model/mlp.yaml with hidden_units
-[512, 512]) on scikit-learn's digits, global batch 256, Adam 0.003, default strategy, CPU.
-Four sides, alternated round by round (order reversed every other round), each timed after
-its warm-up steps:
+Workloads (`--workload`, several at once, comma-separated; `all` for every one), each on
+scikit-learn's digits (8x8x1), the default optimizer, default strategy, CPU:
 
-- `bwopt`: a real bwopt run (`bwopt.run.run`, pipeline=default, tracking=none), its reported
-  throughput (timed steps only; the loop reads every step's results on the host);
-- `bwopt spe=8`: the same with `train.steps_per_execution=8`;
-- `plain loop`: a hand-written `tf.function` train step over
-  `from_tensor_slices -> shuffle(1024) -> batch(256) -> prefetch(AUTOTUNE)`, the loss read once
-  at the end; wall clock around the timed steps;
-- `plain loop, bwopt pipeline`: that same loop over bwopt's `pipeline=default` dataset
-  (`bwopt.pipeline.build_dataset`): the pipeline alone compared, loop held fixed.
+- `mlp512`: MLP 512-512 (conf/model/mlp.yaml with hidden_units [512, 512]), global batch 256;
+- `mlp128`: bwopt's default MLP of 128 units, batch 64: a short step, where the host's work
+  per step weighs most;
+- `cnn`: bwopt's small CNN (conf/model/cnn.yaml, filters 16, 32), batch 128.
 
-Printed: median examples/s of each with min-max, and the median of per-round ratios.
-Targets: bwopt / plain loop >= 0.98; bwopt pipeline / plain pipeline >= 1.0.
+Each side is built once and then trains blocks of `STEPS` steps, wall clock around each block,
+after a warm-up block; the sides alternate block by block (order reversed every other round), so
+that a change in the machine's load falls on every side alike, over `--rounds` rounds:
 
-Run: `.venv/bin/python benchmarks/vs_plain_loop.py` (about 60 s on 2 cores);
-`BWOPT_BENCHMARK_SMOKE=1` runs one short round (the smoke test).
+- `bwopt`: `bwopt.train.train` (the timed loop of every bwopt run: `next()` and the step
+  timed apart, the step's results read on the host every step, the step timer, the epoch
+  metrics and the NaN check as hooks) over bwopt's `pipeline=default` dataset;
+- `bwopt spe=8`: the same with `train.steps_per_execution=8` (one read per 8 steps);
+- `plain loop`: a hand-written `tf.function` train step over the same `pipeline=default`
+  dataset, the loss read once at the end of the block;
+- `plain loop, plain pipeline`: that loop over `from_tensor_slices -> shuffle(1024) ->
+  batch -> prefetch(AUTOTUNE)`: the pipeline alone compared, loop held fixed.
+
+Printed, per workload: median examples/s of each and the median of per-round ratios, each with
+the median's 95 % bootstrap interval and min-max; a target is met only when the interval clears
+it. Targets: bwopt / plain loop >= 0.98 (the observer costs at most 2 %); plain loop over
+bwopt's pipeline / over the plain one >= 1.0.
+
+Run: `.venv/bin/python benchmarks/vs_plain_loop.py` (every workload; about 5 min each on 2
+cores at 60 rounds); `BWOPT_BENCHMARK_SMOKE=1` runs one short round (the smoke test).
 """
 
-import contextlib
-import io
+import argparse
 import os
-import statistics
-import tempfile
 import time
-from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from _common import SMOKE, alternate, compose, configure_devices, load_line, ratios, spread, verdict
 
-SMOKE = os.environ.get("BWOPT_BENCHMARK_SMOKE") == "1"
-ROUNDS = 1 if SMOKE else 5
-STEPS = 40 if SMOKE else 400
-WARMUP = 16 if SMOKE else 40
-BATCH = 256
-OVERRIDES = [
-    "tracking=none",
-    "measure.memcpy_bandwidth=false",
-    "measure.progress=false",
-    "model.hidden_units=[512,512]",
-    f"train.global_batch_size={BATCH}",
-    "train.epochs=1",
-    f"train.steps_per_epoch={STEPS}",
-    f"train.warmup_steps={WARMUP}",
-]
+ROUNDS = 1 if SMOKE else int(os.environ.get("BWOPT_BENCHMARK_ROUNDS", "60"))
+STEPS = 16 if SMOKE else 160  # per block; a multiple of 8
+SEED = 0
+# name -> (what it is, its overrides of conf/, global batch)
+WORKLOADS = {
+    "mlp512": ("MLP 512-512", ["model.hidden_units=[512,512]"], 256),
+    "mlp128": ("MLP 128 (the default model)", [], 64),
+    "cnn": ("CNN 16-32", ["model=cnn"], 128),
+}
 
 
-def compose(overrides):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from bwopt.app import config_dir, validate
-
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=[*OVERRIDES, *overrides])
-    return validate(cfg), OmegaConf.to_container(cfg, resolve=True)
-
-
-def bwopt_side(overrides):
-    from bwopt.run import run
-
-    config, resolved = compose(overrides)
-
-    def measure(scratch: Path) -> float:
-        with contextlib.redirect_stdout(io.StringIO()):
-            summary = run(config, output_dir=scratch, resolved=resolved)
-        return summary.figures.throughput_examples_per_s
-
-    return measure
-
-
-def plain_side(config, use_bwopt_pipeline: bool):
+def build_sides(config):
+    """name -> a block: a callable that trains `num_steps` steps on its own model and iterator."""
     import keras
     import tensorflow as tf
 
     from bwopt.data.sources import load_digits
-    from bwopt.models import build_model
+    from bwopt.measure import StepPlan, StepTimer
+    from bwopt.models import build_model, build_optimizer
     from bwopt.pipeline import array_elements, build_dataset
+    from bwopt.train import StepSettings, TerminateOnNaN, make_step_functions, train
 
     source = load_digits()
-    features, labels = source.features.astype("float32"), source.labels
+    strategy = tf.distribute.get_strategy()
+    batch = config.train.global_batch_size
 
-    def dataset():
-        if use_bwopt_pipeline:
-            elements = array_elements(features, labels)
-            return build_dataset(config.pipeline, elements, BATCH, training=True, seed=0)
-        plain = tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(1024, seed=0).repeat()
-        return plain.batch(BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    def bwopt_pipeline():
+        elements = array_elements(source.features, source.labels)
+        return build_dataset(config.pipeline, elements, batch, training=True, seed=SEED, value_range=source.value_range)
 
-    def measure(scratch: Path) -> float:
-        model = build_model(config.model, source.feature_shape, source.num_classes)
-        optimizer = keras.optimizers.Adam(config.train.learning_rate)
+    def plain_pipeline():
+        plain = tf.data.Dataset.from_tensor_slices((source.features.astype("float32"), source.labels))
+        return plain.shuffle(1024, seed=SEED).repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    def model_and_optimizer():
+        keras.utils.set_random_seed(SEED)
+        with strategy.scope():
+            model = build_model(config.model, source.feature_shape, source.num_classes)
+            optimizer = build_optimizer(config.train.optimizer, config.train.learning_rate, config.device.precision)
+            optimizer.build(model.trainable_variables)
+        return model, optimizer
+
+    def bwopt_side(per_execution: int):
+        model, optimizer = model_and_optimizer()
+        settings = StepSettings(batch, source.feature_scale, steps_per_execution=per_execution)
+        steps = make_step_functions(strategy, model, optimizer, settings)
+        iterator = iter(strategy.experimental_distribute_dataset(bwopt_pipeline()))
+
+        def block(num_steps: int) -> None:
+            plan = StepPlan(1, num_steps // per_execution, 0, steps_per_execution=per_execution)
+            train(steps, iterator, (), plan, [StepTimer(), TerminateOnNaN()])
+
+        return block
+
+    def plain_side(dataset):
+        model, optimizer = model_and_optimizer()
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         @tf.function
         def step(x, y):
             with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x * source.feature_scale, training=True))
+                loss = loss_fn(y, model(tf.cast(x, tf.float32) * source.feature_scale, training=True))
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
             return loss
 
-        iterator = iter(dataset())
-        for _ in range(WARMUP):
-            loss = step(*next(iterator))
-        float(loss)
+        iterator = iter(dataset)
+
+        def block(num_steps: int) -> None:
+            for _ in range(num_steps):
+                loss = step(*next(iterator))
+            float(loss)
+
+        return block
+
+    return {
+        "bwopt": bwopt_side(1),
+        "bwopt spe=8": bwopt_side(8),
+        "plain loop": plain_side(bwopt_pipeline()),
+        "plain loop, plain pipeline": plain_side(plain_pipeline()),
+    }
+
+
+def timed(block, batch: int):
+    def measure() -> float:
         started = time.perf_counter()
-        for _ in range(STEPS - WARMUP):
-            loss = step(*next(iterator))
-        float(loss)
-        return (STEPS - WARMUP) * BATCH / (time.perf_counter() - started)
+        block(STEPS)
+        return STEPS * batch / (time.perf_counter() - started)
 
     return measure
 
 
-def main() -> None:
-    from bwopt.devices import configure
-
-    config, _ = compose([])
-    configure(config.device)
-    sides = {
-        "bwopt": bwopt_side([]),
-        "bwopt spe=8": bwopt_side(["train.steps_per_execution=8"]),
-        "plain loop": plain_side(config, use_bwopt_pipeline=False),
-        "plain loop, bwopt pipeline": plain_side(config, use_bwopt_pipeline=True),
-    }
+def measure_workload(name: str, rounds: int) -> None:
+    what, overrides, batch = WORKLOADS[name]
     print(
-        f"vs_plain_loop: MLP 512-512, digits, batch {BATCH}, {STEPS - WARMUP} timed steps, {ROUNDS} rounds", flush=True
+        f"vs_plain_loop {name}: {what}, digits, batch {batch}, blocks of {STEPS} steps, {rounds} alternated "
+        f"rounds, wall clock around each block; {load_line()}",
+        flush=True,
     )
-    results = {name: [] for name in sides}
+    config, _ = compose(["tracking=none", *overrides, f"train.global_batch_size={batch}"])
     started_all = time.perf_counter()
-    with tempfile.TemporaryDirectory() as scratch:
-        for round_number in range(ROUNDS):
-            for name in list(sides) if round_number % 2 == 0 else reversed(list(sides)):
-                results[name].append(sides[name](Path(scratch) / "run"))
-    print(f"{ROUNDS} rounds, {time.perf_counter() - started_all:.0f} s")
-    for name, values in results.items():
-        spread = f"(min {min(values):,.0f}, max {max(values):,.0f})"
-        print(f"  {name:<28} median {statistics.median(values):10,.0f} examples/s  {spread}")
-    for numerator, denominator in (
-        ("bwopt", "plain loop"),
-        ("bwopt spe=8", "plain loop"),
-        ("plain loop, bwopt pipeline", "plain loop"),
+    blocks = build_sides(config)
+    for block in blocks.values():
+        block(STEPS)  # tracing, the pipelines' buffers
+    results = alternate({side: timed(block, batch) for side, block in blocks.items()}, rounds)
+    print(f"{rounds} rounds, {time.perf_counter() - started_all:.0f} s; {load_line()}")
+    for side, values in results.items():
+        print(f"  {side:<28} examples/s {spread(values, ',.0f')}")
+    for numerator, denominator, target in (
+        ("bwopt", "plain loop", 0.98),
+        ("bwopt spe=8", "plain loop", 0.98),
+        ("plain loop", "plain loop, plain pipeline", 1.0),
     ):
-        ratios = [a / b for a, b in zip(results[numerator], results[denominator])]
-        spread = f"(min {min(ratios):.3f}, max {max(ratios):.3f})"
-        print(f"ratio {numerator} / {denominator}: median {statistics.median(ratios):.3f}  {spread}")
+        per_round = ratios(results[numerator], results[denominator])
+        note = f"  target >= {target}: {verdict(per_round, target)}"
+        print(f"ratio {numerator} / {denominator}: {spread(per_round)}{note}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="all", help=f"comma-separated, of {', '.join(WORKLOADS)}, or all")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="alternated rounds per workload")
+    arguments = parser.parse_args()
+    names = list(WORKLOADS) if arguments.workload == "all" else arguments.workload.split(",")
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workload {','.join(unknown)}: expected some of {', '.join(WORKLOADS)}, or all")
+    config, _ = compose(["tracking=none"])
+    configure_devices(config)  # once per process, before the first workload
+    for name in names:
+        measure_workload(name, arguments.rounds)
 
 
 if __name__ == "__main__":

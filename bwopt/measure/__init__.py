@@ -10,7 +10,15 @@
 Nothing here imports TensorFlow at module level.
 """
 
-from bwopt.measure.advice import Ceilings, efficiency, efficiency_spread, pipeline_knobs_off, recommend, relative_spread
+from bwopt.measure.advice import (
+    Ceilings,
+    PipelineKnobs,
+    efficiency,
+    efficiency_spread,
+    pipeline_knobs_off,
+    recommend,
+    relative_spread,
+)
 from bwopt.measure.ceilings import compute_ceiling, input_ceiling, read_on_host, wait_for_batch
 from bwopt.measure.host import (
     host_memcpy_bandwidth_bytes_per_s,
@@ -62,6 +70,7 @@ __all__ = [
     "measure_inference",
     "peak_device_memory_bytes",
     "peak_host_rss_bytes",
+    "PipelineKnobs",
     "pipeline_knobs_off",
     "read_on_host",
     "recommend",

@@ -91,28 +91,38 @@ def efficiency(
     return throughput_examples_per_s / min(measured)
 
 
-def pipeline_knobs_off(
-    prefetch, map_parallelism, cache: str, transfer_dtype: str, num_parallel_reads=None, integer_features: bool = True
-) -> List[str]:
-    """The input-pipeline settings that leave speed on the table, in words.
+@dataclass(frozen=True)
+class PipelineKnobs:
+    """The input pipeline's settings that the advice weighs.
 
     `prefetch` and `map_parallelism` are counts or 'autotune'; `num_parallel_reads` is None
     when the source is not read from files; `integer_features` says whether the stored
     features are integers, which uint8 carries without loss.
     """
+
+    prefetch: object
+    map_parallelism: object
+    cache: str
+    transfer_dtype: str
+    num_parallel_reads: object = None
+    integer_features: bool = True
+
+
+def pipeline_knobs_off(knobs: PipelineKnobs) -> List[str]:
+    """The input-pipeline settings that leave speed on the table, in words."""
     off = []
-    if prefetch == 0:
+    if knobs.prefetch == 0:
         off.append("prefetch is 0")
-    if map_parallelism == 1:
+    if knobs.map_parallelism == 1:
         off.append("map runs serially")
-    if num_parallel_reads == 1:
+    if knobs.num_parallel_reads == 1:
         off.append("files are read one at a time")
-    if cache == "off":
+    if knobs.cache == "off":
         off.append("nothing is cached")
-    if transfer_dtype == "float32":
+    if knobs.transfer_dtype == "float32":
         off.append(
             "features cross as float32 (uint8 moves a quarter of the bytes)"
-            if integer_features
+            if knobs.integer_features
             else "features cross as float32 (bfloat16 or float16 move half the bytes)"
         )
     return off
@@ -120,13 +130,8 @@ def pipeline_knobs_off(
 
 def recommend(
     figures: TimingFigures,
+    knobs: PipelineKnobs,
     *,
-    prefetch,
-    map_parallelism,
-    cache: str,
-    transfer_dtype: str,
-    num_parallel_reads=None,
-    integer_features: bool = True,
     on_cpu: bool = False,
     compute_ceiling_examples_per_s: Optional[float] = None,
     input_ceiling_examples_per_s: Optional[float] = None,
@@ -153,21 +158,40 @@ def recommend(
             f"{figures.host_overhead_fraction * 100:.0f} % of step time"
         )
     diagnosis = f"{verdict}: {wait} at {rate}"
+    if verdict.startswith("mixed"):
+        diagnosis = f"{verdict} at {rate}"
+        tries = [step for share, step in sorted(_cures(figures, knobs), reverse=True) if share >= 0.05]
+        if not tries:
+            return (
+                f"{diagnosis}. Neither input nor host overhead stands out: time a longer window (measure.min_timed_s)"
+            )
+        return f"{diagnosis}. Try {', then '.join(tries)}"
     if verdict == "host-overhead-bound":
-        steps = figures.steps_per_execution
-        cure = (
-            f"set train.steps_per_execution={max(8, 4 * steps)} (fewer host round trips per step)"
-            if steps < 32
-            else "use a larger train.global_batch_size (fewer steps for the same examples)"
-        )
+        cure = _host_cure(figures)
         return f"{diagnosis}. The host's fixed cost per step (fetch a ready batch, dispatch, sync) dominates: {cure}"
     if verdict == "compute-bound":
         precision = "mixed_bfloat16" if on_cpu else "mixed_float16 / mixed_bfloat16"
         return f"{diagnosis}. Try strategy=mirrored, a larger train.global_batch_size, or device.precision={precision}"
-    off = pipeline_knobs_off(prefetch, map_parallelism, cache, transfer_dtype, num_parallel_reads, integer_features)
+    off = pipeline_knobs_off(knobs)
     if off:
         return f"{diagnosis}. {', '.join(off)}; try pipeline=tuned"
     return f"{diagnosis}. The pipeline knobs are on: make the host work per example cheaper, or send fewer bytes"
+
+
+def _host_cure(figures: TimingFigures) -> str:
+    steps = figures.steps_per_execution
+    if steps < 32:
+        return f"set train.steps_per_execution={max(8, 4 * steps)} (fewer host round trips per step)"
+    return "use a larger train.global_batch_size (fewer steps for the same examples)"
+
+
+def _cures(figures: TimingFigures, knobs: PipelineKnobs) -> List[tuple]:
+    """(share of step time, what to try) for the input stall and the host overhead."""
+    input_cure = "pipeline=tuned (input stall)" if pipeline_knobs_off(knobs) else "cheaper host work per example"
+    return [
+        (figures.input_stall_fraction or 0.0, input_cure),
+        (figures.host_overhead_fraction or 0.0, f"{_host_cure(figures).split(' (')[0]} (host overhead)"),
+    ]
 
 
 def _ceiling_numbers(compute_ceiling: Optional[float], input_ceiling: Optional[float]) -> str:

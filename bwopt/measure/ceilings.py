@@ -7,16 +7,21 @@ overlap of input and compute would reach (see `bwopt.measure.efficiency`). Both 
 """
 
 import itertools
-from typing import Callable, Iterable, Tuple
+from typing import Callable, Iterable, Sequence, Tuple
 
 import numpy as np
 
-from bwopt.loop import timed_loop
+from bwopt.loop import Hook, timed_loop
 from bwopt.measure.timing import StepPlan, StepTimer, timing_figures
 
 
 def compute_ceiling(
-    train_step: Callable, distributed_batch, num_steps: int, warmup_steps: int, examples_per_step: int
+    train_step: Callable,
+    distributed_batch,
+    num_steps: int,
+    warmup_steps: int,
+    examples_per_step: int,
+    hooks: Sequence[Hook] = (),
 ) -> float:
     """Examples/s of the compiled distributed train step alone, with no input wait.
 
@@ -24,7 +29,8 @@ def compute_ceiling(
     `train_step(distributed_batch)` on the same batch, one already on the replicas' devices, each
     call synchronised like training steps are, by reading all its results on the host; the
     ceiling is their examples / the sum of their compute times, so no `next()` is timed.
-    Excluded: the `warmup_steps` calls before (tracing, XLA compilation).
+    Excluded: the `warmup_steps` calls before (tracing, XLA compilation). `hooks` (a stop check)
+    run between steps, outside the timed part.
 
     The step is the real one, so each call applies an optimizer update: measure on a model whose
     weights may change (after training, or a copy), never in the middle of a measured run.
@@ -32,7 +38,11 @@ def compute_ceiling(
     timer = StepTimer()
     plan = StepPlan(1, warmup_steps + num_steps, warmup_steps)
     timed_loop(
-        itertools.repeat(distributed_batch), lambda batch: read_on_host(train_step(batch)), 1, plan.num_steps, [timer]
+        itertools.repeat(distributed_batch),
+        lambda batch: read_on_host(train_step(batch)),
+        1,
+        plan.num_steps,
+        [timer, *hooks],
     )
     compute_s = np.asarray(timer.compute_s)[plan.timed()]
     return num_steps * examples_per_step / float(compute_s.sum())
@@ -44,6 +54,7 @@ def input_ceiling(
     warmup_steps: int,
     examples_per_step: int,
     bytes_per_step: int,
+    hooks: Sequence[Hook] = (),
 ) -> Tuple[float, float]:
     """(examples/s, bytes/s) of the distributed input pipeline alone, no training.
 
@@ -53,7 +64,7 @@ def input_ceiling(
     microsecond per tensor on a CPU device, two small eager ops per tensor and replica on a GPU
     or TPU, included in the time. Excluded: the `warmup_steps` batches before (autotuning,
     prefetch and cache fill). `bytes_per_step` is the bytes of one global batch as transferred,
-    features plus labels.
+    features plus labels. `hooks` (a stop check) run between steps, outside the timed part.
 
     Raises:
         ValueError: when the dataset ends before `warmup_steps + num_steps` batches.
@@ -61,7 +72,7 @@ def input_ceiling(
     timer = StepTimer()
     plan = StepPlan(1, warmup_steps + num_steps, warmup_steps)
     try:
-        timed_loop(iter(distributed_dataset_or_iterator), wait_for_batch, 1, plan.num_steps, [timer])
+        timed_loop(iter(distributed_dataset_or_iterator), wait_for_batch, 1, plan.num_steps, [timer, *hooks])
     except StopIteration:
         raise ValueError(
             f"the dataset ended before the {plan.num_steps} batches the input ceiling needs; repeat it"

@@ -1,7 +1,10 @@
 """Scaling efficiency: how much of N replicas' worth of throughput a run at N replicas gets."""
 
+import json
 import statistics
-from typing import Dict, Sequence
+import sys
+from pathlib import Path
+from typing import Dict, Optional, Sequence
 
 
 def scaling_efficiency(summaries: Sequence[dict]) -> Dict[int, float]:
@@ -21,3 +24,19 @@ def scaling_efficiency(summaries: Sequence[dict]) -> Dict[int, float]:
         return {}
     single = statistics.median(by_replicas[1])
     return {n: statistics.median(values) / (n * single) for n, values in sorted(by_replicas.items())}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`python -m bwopt.measure.scaling SWEEP_DIR`: the scaling efficiency of the jobs of a sweep folder."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if len(arguments) != 1 or not Path(arguments[0]).is_dir():
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    summaries = [json.loads(path.read_text()) for path in sorted(Path(arguments[0]).glob("*/summary.json"))]
+    for replicas, efficiency in scaling_efficiency(summaries).items():
+        print(f"{replicas:>3} replica(s)  scaling efficiency {efficiency:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

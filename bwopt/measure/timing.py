@@ -45,6 +45,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bwopt.loop import Hook, StepRecord
+from bwopt.measure.plan import StepPlan
+from bwopt.measure.uncertainty import percent_range, step_uncertainty
 
 # TensorFlow Profiler's input-pipeline analyzer thresholds on the input-wait fraction.
 MODERATELY_INPUT_BOUND = 0.05
@@ -62,6 +64,7 @@ MAD_TO_SIGMA = 1.4826
 class StepTimer(Hook):
     """Per-step input-wait and compute times, in seconds, in step order: a hook of the timed loop."""
 
+    follows_extra_steps = True
     input_wait_s: List[float] = field(default_factory=list)
     compute_s: List[float] = field(default_factory=list)
 
@@ -122,10 +125,33 @@ class TimingFigures:
     input_stall_fraction: Optional[float] = None
     host_overhead_fraction: Optional[float] = None
     verdict: str = ""
+    throughput_examples_per_s_ci95: Optional[List[float]] = None
+    input_wait_fraction_ci95: Optional[List[float]] = None
+    input_stall_fraction_ci95: Optional[List[float]] = None
+    host_overhead_fraction_ci95: Optional[List[float]] = None
+    step_partition: Dict[str, float] = field(default_factory=dict)
+    step_partition_ci95: Dict[str, List[float]] = field(default_factory=dict)
 
     def metrics(self) -> dict:
-        """The numeric figures that were measured, as MLflow metrics."""
-        return {key: value for key, value in asdict(self).items() if value is not None and not isinstance(value, str)}
+        """The numeric figures that were measured, as MLflow metrics: an interval [low, high] as
+        `<name>_ci95_low` and `<name>_ci95_high`, the partition as `step_partition/<part>_fraction`."""
+        metrics = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, list):
+                metrics.update(
+                    {f"{key[: -len('_ci95')]}_ci95_low": value[0], f"{key[: -len('_ci95')]}_ci95_high": value[1]}
+                )
+            elif isinstance(value, dict):
+                continue
+            elif value is not None and not isinstance(value, str):
+                metrics[key] = value
+        for part, share in self.step_partition.items():
+            metrics[f"step_partition/{part}_fraction"] = share
+            low, high = self.step_partition_ci95.get(part, (None, None))
+            if low is not None:
+                metrics[f"step_partition/{part}_fraction_ci95_low"] = low
+                metrics[f"step_partition/{part}_fraction_ci95_high"] = high
+        return metrics
 
 
 def input_bound_verdict(input_wait_fraction: float) -> str:
@@ -149,6 +175,55 @@ def bottleneck_verdict(input_stall_fraction: float, host_overhead_fraction: floa
     if host_bound:
         return "host-overhead-bound"
     return "compute-bound" if input_verdict == "not input-bound" else input_verdict
+
+
+def level(bounds: Sequence[float], thresholds: Sequence[Tuple[float, str]], below: str) -> Optional[str]:
+    """The name of the band both ends of `bounds` fall in (`thresholds`: ascending (value, name)
+    pairs, `below` under the first); None when the interval straddles a threshold."""
+
+    def band(value: float) -> str:
+        return next((name for threshold, name in reversed(thresholds) if value >= threshold), below)
+
+    low, high = band(bounds[0]), band(bounds[1])
+    return low if low == high else None
+
+
+INPUT_LEVELS = ((MODERATELY_INPUT_BOUND, "moderately input-bound"), (HIGHLY_INPUT_BOUND, "highly input-bound"))
+
+
+def interval_verdict(
+    stall_ci: Sequence[float], host_ci: Optional[Sequence[float]], difference_ci: Optional[Sequence[float]]
+) -> str:
+    """`bottleneck_verdict` where the intervals clear its thresholds; otherwise "mixed: ..." with what is known.
+
+    `stall_ci`: the input stall's share (the whole input wait's when it was not split);
+    `host_ci`: host overhead's share (None: not split); `difference_ci`: stall - host overhead.
+    When both are at or above 20 %, the larger is named only if their difference's interval
+    excludes 0.
+    """
+    input_level = level(stall_ci, INPUT_LEVELS, "not input-bound")
+    known = f"input stall {percent_range(stall_ci)}"
+    if host_ci is None:  # the wait was not split: no host overhead to weigh
+        if input_level == "not input-bound":
+            return "compute-bound"
+        return input_level or f"mixed: {known}, at a threshold of input-bound (5 %, 20 %)"
+    host_bound = level(host_ci, ((HOST_OVERHEAD_BOUND, True),), False)
+    known += f", host overhead {percent_range(host_ci)}"
+    stall_larger = difference_ci is not None and difference_ci[0] > 0
+    host_larger = difference_ci is not None and difference_ci[1] < 0
+    may_be_highly = stall_ci[1] >= HIGHLY_INPUT_BOUND
+    if host_bound is True:
+        if not may_be_highly or host_larger:
+            return "host-overhead-bound"
+        return "highly input-bound" if input_level == "highly input-bound" and stall_larger else f"mixed: {known}"
+    if host_bound is False:
+        if input_level == "not input-bound":
+            return "compute-bound"
+        return input_level or f"mixed: {known}"
+    # Host overhead straddles 20 %.
+    if input_level == "highly input-bound" and stall_larger:
+        return input_level
+    return f"mixed: {known}"
 
 
 @dataclass(frozen=True)
@@ -197,46 +272,6 @@ def jitter(values: Sequence[float]) -> float:
     return float(MAD_TO_SIGMA * np.median(np.abs(values - np.median(values))))
 
 
-@dataclass(frozen=True)
-class StepPlan:
-    """Which steps of a loop of `epochs` x `steps_per_epoch` steps the figures are computed from.
-
-    Attributes:
-        epochs, steps_per_epoch: the loop's shape.
-        warmup_steps: the first steps of the loop, left out (tracing, autotuning, cache fill).
-        epoch_warmup_steps: the first steps of every epoch after the first, left out (the
-            pipeline refilled its buffers during validation, so they get their batches for free).
-        profiled: steps a profiler traced, left out (tracing slows them).
-        steps_per_execution: training steps per loop step (`train.steps_per_execution`); every
-            other attribute counts loop steps.
-        first_epoch: the epoch the loop starts at (a resumed run: the earlier epochs ran before).
-    """
-
-    epochs: int
-    steps_per_epoch: int
-    warmup_steps: int
-    epoch_warmup_steps: int = 0
-    profiled: Tuple[int, ...] = ()
-    steps_per_execution: int = 1
-    first_epoch: int = 0
-
-    @property
-    def num_steps(self) -> int:
-        return self.epochs * self.steps_per_epoch
-
-    def excluded(self) -> set:
-        """Steps after the initial warm-up that are left out: later epochs' first steps, profiled steps."""
-        first_steps = range(min(self.epoch_warmup_steps, self.steps_per_epoch))
-        epoch_starts = {epoch * self.steps_per_epoch + step for epoch in range(1, self.epochs) for step in first_steps}
-        return epoch_starts | set(self.profiled)
-
-    def timed(self, num_steps_run: Optional[int] = None) -> List[int]:
-        """Indices of the timed steps among the first `num_steps_run` (all steps when None)."""
-        end = self.num_steps if num_steps_run is None else min(num_steps_run, self.num_steps)
-        excluded = self.excluded()
-        return [index for index in range(self.warmup_steps, end) if index not in excluded]
-
-
 def timing_figures(
     timer: StepTimer,
     plan: StepPlan,
@@ -262,13 +297,16 @@ def timing_figures(
     wall_s = float(step.sum())
     fraction = float(input_wait.sum() / wall_s)
     steps_per_execution = plan.steps_per_execution
-    stall_fraction = host_fraction = None
+    parts = step_parts(input_wait, compute, references)
+    uncertain = step_uncertainty(parts, examples_per_step * steps_per_execution, {"input_wait": input_wait})
+    stall_fraction = host_fraction = stall_ci = host_ci = None
     if references is not None:
-        stall, host = split_input_wait(input_wait, compute, references)
-        stall_fraction, host_fraction = float(stall.sum() / wall_s), float(host.sum() / wall_s)
+        stall_fraction, host_fraction = uncertain.partition["input_stall"], uncertain.partition["host_overhead"]
+        stall_ci, host_ci = uncertain.partition_ci95["input_stall"], uncertain.partition_ci95["host_overhead"]
     per_training_step = step / steps_per_execution
     p50, p90, p99 = np.percentile(per_training_step, [50, 90, 99])
     num_training_steps = len(step) * steps_per_execution
+    wait_ci = uncertain.series_ci95["input_wait"]
     return TimingFigures(
         num_timed_steps=num_training_steps,
         timed_wall_s=wall_s,
@@ -286,7 +324,38 @@ def timing_figures(
         ready_execution_s=references.ready_execution_s if references else None,
         input_stall_fraction=stall_fraction,
         host_overhead_fraction=host_fraction,
-        verdict=bottleneck_verdict(
-            fraction if stall_fraction is None else stall_fraction, host_fraction if host_fraction is not None else 0.0
-        ),
+        verdict=interval_verdict(stall_ci or wait_ci, host_ci, uncertain.stall_minus_host_ci95),
+        throughput_examples_per_s_ci95=uncertain.throughput_ci95,
+        input_wait_fraction_ci95=wait_ci,
+        input_stall_fraction_ci95=stall_ci,
+        host_overhead_fraction_ci95=host_ci,
+        step_partition=uncertain.partition,
+        step_partition_ci95=uncertain.partition_ci95,
     )
+
+
+def step_parts(
+    input_wait: np.ndarray, compute: np.ndarray, references: Optional[HostReferences]
+) -> Dict[str, np.ndarray]:
+    """Seconds of each part of the step (`bwopt.measure.uncertainty.PARTS`) per loop step; they sum to the step time.
+
+    compute: the step's own work (its compute time less the dispatch and host read); input stall
+    and host overhead as `split_input_wait` defines them; other: the input wait when no reference
+    split it. With N steps per execution the stall is each execution's excess over
+    `ready_execution_s` (negative for executions faster than the reference: only the sum is
+    clipped at 0, in `step_uncertainty`).
+    """
+    zeros = np.zeros(len(compute))
+    if references is None:
+        return {"compute": compute, "input_stall": zeros, "host_overhead": zeros, "other": input_wait}
+    dispatch = np.minimum(compute, references.dispatch_overhead_s)
+    if references.ready_execution_s is not None:
+        stall = input_wait + compute - references.ready_execution_s
+        return {
+            "compute": references.ready_execution_s - dispatch,
+            "input_stall": stall,
+            "host_overhead": dispatch,
+            "other": zeros,
+        }
+    stall, host = split_input_wait(input_wait, compute, references)
+    return {"compute": compute - dispatch, "input_stall": stall, "host_overhead": host, "other": zeros}

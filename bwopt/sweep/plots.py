@@ -1,113 +1,272 @@
-"""PNG plots of a sweep report, drawn with matplotlib's Agg backend (no display needed)."""
+"""The sweep's plots: PNGs of its results (bwopt.sweep.results), drawn with matplotlib's Agg backend.
 
+- `throughput.png`: one bar per setting (override set), labelled by its swept values
+  (`prefetch=2`), best on top: the median throughput of its finished repeats, the input-wait share
+  of it hatched, each repeat a dot; the whisker is the repeats' min–max, or, for a setting with
+  one finished run, that run's 95 % interval (`figures.throughput_examples_per_s_ci95` of its
+  summary.json). Failed settings are named at 0;
+- `throughput_vs_<key>.png` for each swept numeric key: the settings' medians against its value
+  (ticks at the values swept; integer keys get no fractional ticks), one line per combination of
+  the other swept keys, with the same whiskers;
+- `scaling_efficiency.png` when the jobs ran at several replica counts.
+
+Throughput axes start at 0; legends sit in the figure's margin, off the data; each plot states the
+jobs' timed window ("1,723 timed steps, 3.1 s", a range when the jobs differ) under its title.
+A report written again removes the plots of these names that it does not draw now (a key no
+longer numeric, no scaling), so the folder holds the latest report's plots only.
+"""
+
+import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
-from bwopt.sweep.report import Report, override_values
+from bwopt.run_plots import legend_outside, new_figure, remove_stale, save_figure, titled, window_text
+from bwopt.sweep.results import OverrideSet, SweepResults, override_values, read_summary
 
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
-
-    return pyplot
+PLOT_PATTERNS = ("throughput.png", "throughput_vs_*.png", "scaling_efficiency.png")
+MAX_VALUE_CHARS = 24  # a swept value longer than this is cut in a label
+MAX_VALUE_TICKS = 12  # up to this many swept values get a tick each
 
 
-def _as_number(value: str) -> Optional[float]:
+@dataclass
+class Setting:
+    """One override set as drawn: its throughput's median and whisker, and its runs."""
+
+    label: str  # the swept values, e.g. "prefetch=2 cache=true"
+    values: Dict[str, str]  # swept key -> its value
+    runs: List[float]  # the finished repeats' throughputs
+    num_jobs: int
+    input_wait_fraction: Optional[float] = None
+    interval: Optional[List[float]] = None  # [low, high] of the whisker
+    whisker: str = ""  # "min–max" (repeats), "95 % interval" (one run), "" (none)
+
+    @property
+    def median(self) -> Optional[float]:
+        return statistics.median(self.runs) if self.runs else None
+
+
+@dataclass
+class Window:
+    """The jobs' timed windows, as read from their summaries."""
+
+    num_steps: List[int] = field(default_factory=list)
+    wall_s: List[float] = field(default_factory=list)
+
+    def text(self) -> str:
+        """'1,723 timed steps, 3.1 s', or 'each job: 1,700–1,800 timed steps, 2.9–3.1 s'; '' when unknown."""
+        if not self.num_steps:
+            return ""
+        if len(set(self.num_steps)) == 1 and max(self.wall_s) - min(self.wall_s) < 0.05 * max(self.wall_s):
+            return "each job: " + window_text(self.num_steps[0], statistics.median(self.wall_s))
+        steps = f"{min(self.num_steps):,}–{max(self.num_steps):,}"
+        return f"each job: {steps} timed steps, {min(self.wall_s):,.1f}–{max(self.wall_s):,.1f} s"
+
+
+def short_keys(keys: Sequence[str]) -> Dict[str, str]:
+    """Each key's shortest dotted tail that no other key ends with: 'pipeline.prefetch' -> 'prefetch'."""
+    parts = {key: key.lstrip("+~").split(".") for key in keys}
+    short = {}
+    for key, names in parts.items():
+        for length in range(1, len(names) + 1):
+            tail = names[-length:]
+            if not any(other != key and others[-length:] == tail for other, others in parts.items()):
+                break
+        short[key] = ".".join(tail)
+    return short
+
+
+def _cut(value: str) -> str:
+    return value if len(value) <= MAX_VALUE_CHARS else value[: MAX_VALUE_CHARS - 1] + "…"
+
+
+def read_settings(results: SweepResults) -> List[Setting]:
+    """The override sets, best median first, with their labels and whiskers."""
+    short = short_keys(results.swept_keys)
+    settings = []
+    for item in results.sets:
+        values = override_values(item.overrides)
+        swept = {key: values[key] for key in results.swept_keys if key in values}
+        label = " ".join(f"{short[key]}={_cut(value)}" for key, value in swept.items()) or "every job"
+        setting = Setting(label, swept, item.throughputs, len(item.jobs), item.median_of("input_wait_fraction"))
+        setting.interval, setting.whisker = _whisker(results, item)
+        settings.append(setting)
+    return settings
+
+
+def _whisker(results: SweepResults, item: OverrideSet) -> tuple:
+    runs = item.throughputs
+    if len(runs) > 1:
+        return [min(runs), max(runs)], "min–max"
+    if len(runs) == 1:
+        (job,) = [job for job in item.jobs if job.throughput is not None]
+        interval = ((read_summary(results.sweep_dir / job.name) or {}).get("figures") or {}).get(
+            "throughput_examples_per_s_ci95"
+        )
+        if interval and len(interval) == 2:
+            return [float(interval[0]), float(interval[1])], "95 % interval"
+    return None, ""
+
+
+def read_window(results: SweepResults) -> Window:
+    """The finished jobs' timed steps and seconds (summary.json's num_timed_steps and timed_wall_s)."""
+    window = Window()
+    for job in results.jobs:
+        figures = (read_summary(results.sweep_dir / job.name) or {}).get("figures") or {}
+        if job.throughput is not None and figures.get("num_timed_steps") and figures.get("timed_wall_s"):
+            window.num_steps.append(int(figures["num_timed_steps"]))
+            window.wall_s.append(float(figures["timed_wall_s"]))
+    return window
+
+
+def _subtitle(*parts: str) -> str:
+    return "; ".join(part for part in parts if part)
+
+
+def write_plots(results: SweepResults, folder: Path) -> List[Path]:
+    """Every plot of the sweep into folder, and its plots of an earlier report that are not drawn now
+    removed; returns the paths written."""
+    settings, window = read_settings(results), read_window(results).text()
+    drawn = {"throughput.png": throughput_figure(settings, window)}
+    for key in numeric_keys(settings, results.swept_keys):
+        drawn[f"throughput_vs_{key.lstrip('+~')}.png"] = parameter_figure(settings, results.swept_keys, key, window)
+    if results.scaling:
+        drawn["scaling_efficiency.png"] = scaling_figure(results.scaling, window)
+    paths = [save_figure(figure, folder / name) for name, figure in drawn.items()]
+    remove_stale(folder, PLOT_PATTERNS, paths)
+    return paths
+
+
+def _whisker_arms(median: float, interval: List[float]) -> List[float]:
+    """[below, above] the median, never negative (a 95 % interval need not contain a repeat's median)."""
+    return [max(median - interval[0], 0.0), max(interval[1] - median, 0.0)]
+
+
+def _draw_whiskers(axes, points: List[tuple], horizontal: bool) -> None:
+    """points: (position, median, interval, whisker kind); one errorbar call, so one legend entry, per kind."""
+    styles = {"min–max": ("black", "-"), "95 % interval": ("0.35", "--")}
+    for kind, (color, style) in styles.items():
+        chosen = [(position, median, interval) for position, median, interval, whisker in points if whisker == kind]
+        if not chosen:
+            continue
+        positions, medians, intervals = zip(*chosen)
+        arms = list(zip(*[_whisker_arms(median, interval) for median, interval in zip(medians, intervals)]))
+        label = "min–max over repeats" if kind == "min–max" else "95 % interval (setting with one run)"
+        x, y = (medians, positions) if horizontal else (positions, medians)
+        key = "xerr" if horizontal else "yerr"
+        lines = axes.errorbar(x, y, **{key: arms}, fmt="none", ecolor=color, capsize=4, zorder=4, label=label)
+        lines[-1][0].set_linestyle(style)
+
+
+def throughput_figure(settings: List[Setting], window: str):
+    """Per setting, best on top: median throughput split by the input-wait share, repeats as dots, a whisker."""
+    rows = list(reversed(settings))  # barh draws bottom-up: best on top
+    figure = new_figure(9, 1.6 + 0.42 * len(rows))
+    axes = figure.add_subplot()
+    positions = list(range(len(rows)))
+    medians = [row.median or 0.0 for row in rows]
+    waiting = [median * (row.input_wait_fraction or 0.0) for median, row in zip(medians, rows)]
+    computing = [median - wait for median, wait in zip(medians, waiting)]
+    axes.barh(positions, computing, color="tab:blue", label="median: rest of step time (compute, overhead)")
+    axes.barh(positions, waiting, left=computing, color="tab:orange", hatch="//", label="median: waiting for input")
+    dots = [(run, position) for position, row in enumerate(rows) for run in row.runs if len(row.runs) > 1]
+    if dots:
+        axes.plot(*zip(*dots), "o", color="white", markeredgecolor="black", markersize=4, zorder=5, label="each run")
+    whiskers = [(position, row.median, row.interval, row.whisker) for position, row in enumerate(rows) if row.whisker]
+    _draw_whiskers(axes, whiskers, horizontal=True)
+    right = max([row.interval[1] if row.interval else row.median or 0.0 for row in rows] + [1e-9])
+    for position, row in enumerate(rows):
+        if row.median is None:
+            axes.text(0, position, f" FAILED ({row.num_jobs}/{row.num_jobs} jobs)", va="center", color="tab:red")
+            continue
+        end = max(row.median, row.interval[1] if row.interval else 0.0, *row.runs)
+        failed = row.num_jobs - len(row.runs)
+        runs = f"{len(row.runs)} run{'s' if len(row.runs) > 1 else ''}" + (f", {failed} failed" if failed else "")
+        axes.text(end + 0.01 * right, position, f" {row.median:,.0f} ({runs})", va="center", fontsize="small")
+    axes.set_yticks(positions, [row.label for row in rows])
+    axes.set_xlim(0, right * 1.25)  # room for the value labels
+    axes.xaxis.set_major_formatter("{x:,.0f}")
+    axes.set_xlabel("throughput (examples/s)")
+    titled(axes, "Throughput per setting", _subtitle(window, "bars: median of the setting's runs"))
+    legend_outside(axes, ncols=2)
+    return figure
+
+
+def _number(value: str) -> Optional[float]:
     try:
         return float(value)
     except ValueError:  # autotune, true, a group option ...
         return None
 
 
-def _swept_values(overrides: List[str], keys: List[str]) -> str:
-    values = override_values(overrides)
-    return " ".join(values[key] for key in keys if key in values)
+def numeric_keys(settings: List[Setting], keys: Sequence[str]) -> List[str]:
+    """The swept keys whose value is a number in every setting."""
+    return [
+        key
+        for key in keys
+        if settings and all(key in item.values and _number(item.values[key]) is not None for item in settings)
+    ]
 
 
-def plot_throughput(report: Report, path: Path) -> Path:
-    """Throughput per job, best first: the input-wait share of it hatched on top; failed jobs marked."""
-    pyplot = _pyplot()
-    jobs = list(reversed(report.jobs))  # barh draws bottom-up: best on top
-    figure, axes = pyplot.subplots(figsize=(9, 1.2 + 0.45 * len(jobs)))
-    labels = [f"#{job.name} {_swept_values(job.overrides, report.swept_keys)}" for job in jobs]
-    throughput = [job.throughput or 0.0 for job in jobs]
-    waiting = [value * (job.figures.get("input_wait_fraction") or 0.0) for value, job in zip(throughput, jobs)]
-    computing = [value - wait for value, wait in zip(throughput, waiting)]
-    axes.barh(labels, computing, color="tab:blue", label="rest of step time (compute, overhead)")
-    axes.barh(labels, waiting, left=computing, color="tab:orange", hatch="//", label="waiting for input")
-    for row, job in enumerate(jobs):
-        if job.failed:
-            axes.text(0, row, f"  {job.status}", va="center", color="tab:red")
-    axes.set_xlabel("throughput (examples/s)")
-    axes.set_ylabel("job: " + " ".join(report.swept_keys))
-    axes.set_title("throughput per job, split by share of step time")
-    axes.legend(loc="lower right", fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    return path
+def parameter_figure(settings: List[Setting], keys: Sequence[str], key: str, window: str):
+    """The settings' median throughput against key, a line per combination of the other swept keys."""
+    short = short_keys(keys)
+    others = [other for other in keys if other != key]
+    series: Dict[str, List[Setting]] = {}
+    for item in settings:
+        if item.median is not None:
+            label = " ".join(f"{short[other]}={_cut(item.values.get(other, '–'))}" for other in others)
+            series.setdefault(label or "median", []).append(item)
+    figure = new_figure(8, 4.8)
+    axes = figure.add_subplot()
+    for label, items in series.items():
+        items.sort(key=lambda item: _number(item.values[key]))
+        lines = axes.plot([_number(item.values[key]) for item in items], [item.median for item in items], marker="o")
+        lines[0].set_label(label if others else "median of the setting's runs")
+    points = [(_number(item.values[key]), item.median, item.interval, item.whisker) for item in settings]
+    _draw_whiskers(axes, [point for point in points if point[3]], horizontal=False)  # one legend entry per kind
+    _value_ticks(axes, [item.values[key] for item in settings])
+    tops = [item.interval[1] if item.interval else item.median or 0.0 for item in settings]
+    axes.set_ylim(0, max(tops + [1e-9]) * 1.1)
+    axes.yaxis.set_major_formatter("{x:,.0f}")
+    axes.set(xlabel=key, ylabel="throughput (examples/s)")
+    failed = sum(item.median is None for item in settings)
+    note = f"{failed} failed setting{'s' if failed > 1 else ''} not drawn" if failed else ""
+    titled(axes, f"Throughput against {short[key]}", _subtitle(window, note))
+    legend_outside(axes, ncols=2)
+    return figure
 
 
-def plot_parameters(report: Report, folder: Path) -> List[Path]:
-    """For each swept key whose values are all numbers: median throughput against it, min-max as error bars."""
-    paths = []
-    for key in report.swept_keys:
-        values = {tuple(item.overrides): override_values(item.overrides).get(key) for item in report.sets}
-        if any(value is None or _as_number(value) is None for value in values.values()):
-            continue
-        paths.append(_plot_parameter(report, key, folder / f"throughput_vs_{key.lstrip('+~')}.png"))
-    return paths
+def _value_ticks(axes, texts: List[str]) -> None:
+    """Ticks at the swept values when they are few (labelled as written), else integer ticks for integer keys;
+    a log scale when positive values span two decades or more."""
+    from matplotlib.ticker import MaxNLocator, NullFormatter
+
+    numbers = sorted({_number(text): text for text in texts}.items())
+    values = [value for value, _ in numbers]
+    log = bool(values) and values[0] > 0 and values[-1] / values[0] >= 100
+    if log:
+        axes.set_xscale("log")
+        axes.xaxis.set_minor_formatter(NullFormatter())
+    if len(values) <= MAX_VALUE_TICKS:
+        axes.set_xticks(values, [_cut(text) for _, text in numbers])
+    elif not log and all(value.is_integer() for value in values):
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _plot_parameter(report: Report, key: str, path: Path) -> Path:
-    pyplot = _pyplot()
-    others = [other for other in report.swept_keys if other != key]
-    series: Dict[str, list] = {}  # one line per combination of the other swept keys
-    for item in report.sets:
-        if item.failed:
-            continue
-        values = override_values(item.overrides)
-        label = " ".join(f"{other}={values.get(other, '')}" for other in others) or "median"
-        series.setdefault(label, []).append(
-            (_as_number(values[key]), item.median, min(item.throughputs), max(item.throughputs))
-        )
-    figure, axes = pyplot.subplots(figsize=(7, 4.5))
-    for label, points in series.items():
-        points.sort()
-        x, median, low, high = zip(*points)
-        spread = [[m - lo for m, lo in zip(median, low)], [hi - m for m, hi in zip(median, high)]]
-        axes.errorbar(x, median, yerr=spread, marker="o", capsize=4, label=label)
-    axes.set_xlabel(key)
-    axes.set_ylabel("throughput (examples/s), median; bars: min–max")
-    axes.set_title(f"throughput vs {key}")
-    if series:
-        axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    return path
-
-
-def plot_scaling(report: Report, path: Path) -> Path:
+def scaling_figure(scaling: Dict[int, float], window: str):
     """Scaling efficiency against the replica count, with the ideal (1.0) drawn."""
-    pyplot = _pyplot()
-    scaling = report.scaling
-    figure, axes = pyplot.subplots(figsize=(7, 4.5))
-    counts = list(scaling)
-    axes.plot(counts, [scaling[count] for count in counts], marker="o", color="tab:blue", label="measured")
+    figure = new_figure(7, 4.8)
+    axes = figure.add_subplot()
+    counts = sorted(scaling)
+    efficiency = [scaling[count] for count in counts]
+    axes.plot(counts, efficiency, marker="o", color="tab:blue", label="measured (median throughput per count)")
     axes.axhline(1.0, color="0.5", linestyle="--", label="ideal: N x the one-replica throughput")
-    for count in counts:
-        axes.annotate(
-            f"{scaling[count]:.0%}", (count, scaling[count]), textcoords="offset points", xytext=(0, 6), ha="center"
-        )
-    axes.set_xticks(counts)
-    axes.set_ylim(0, max(1.1, max(scaling.values()) * 1.1))
-    axes.set(xlabel="replicas", ylabel="scaling efficiency", title="throughput at N / (N x throughput at 1)")
-    axes.legend(loc="lower left", fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    return path
+    for count, value in zip(counts, efficiency):
+        axes.annotate(f"{value:.0%}", (count, value), textcoords="offset points", xytext=(0, 6), ha="center")
+    axes.set_xticks(counts, [str(count) for count in counts])
+    axes.set_ylim(0, max(1.1, max(efficiency) * 1.15))
+    axes.set(xlabel="replicas", ylabel="scaling efficiency")
+    titled(axes, "Scaling efficiency: throughput at N / (N x throughput at 1)", window)
+    legend_outside(axes)
+    return figure

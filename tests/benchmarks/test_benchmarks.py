@@ -21,6 +21,9 @@ SMOKE_SCRIPTS = {
     "tracking_overhead.py": "ratio throughput tracking on/off",
     "cli_latency.py": "wall time python -m bwopt pipeline.prefetch=-1",
     "input_bandwidth.py": "ratio input bytes/s / host memcpy, bfloat16",
+    "startup_records.py": "ratio first/later",
+    "jpeg_pipeline.py": "ratio bwopt mode=input / hand-written tf.data",
+    "tune_payoff.py": "ratio tune throughput / min(ceilings)",
 }
 
 

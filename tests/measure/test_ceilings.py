@@ -92,7 +92,7 @@ def test_compute_ceiling_of_a_cheap_step_is_not_held_back_by_a_slow_pipeline():
     import keras
     import tensorflow as tf
 
-    from bwopt.train import make_step_functions
+    from bwopt.train import StepSettings, make_step_functions
 
     strategy = tf.distribute.get_strategy()
     with strategy.scope():
@@ -101,7 +101,7 @@ def test_compute_ceiling_of_a_cheap_step_is_not_held_back_by_a_slow_pipeline():
         )
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
-    steps = make_step_functions(strategy, model, optimizer, BATCH, 1 / 255, False)
+    steps = make_step_functions(strategy, model, optimizer, StepSettings(BATCH, 1 / 255))
     distributed = strategy.experimental_distribute_dataset(slow_dataset())
     batch = next(iter(distributed))
     weights_before = [np.array(weight) for weight in model.trainable_variables]

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from conftest import known_answer
 
 from bwopt.measure import StepPlan, StepTimer, input_bound_verdict, jitter, timing_figures
 
@@ -83,7 +84,7 @@ def test_no_timed_step_is_an_error():
 
 # ---- Ceilings, efficiency and the recommendation ----------------------------------------------
 
-from bwopt.measure import Ceilings, efficiency, recommend  # noqa: E402
+from bwopt.measure import Ceilings, PipelineKnobs, efficiency, recommend  # noqa: E402
 
 
 def test_efficiency_divides_by_the_lower_measured_ceiling():
@@ -112,10 +113,7 @@ def test_recommendation_for_an_input_bound_run_names_the_knobs_that_are_off():
     figures = figures_with_input_wait(0.0043, 0.0057)
     text = recommend(
         figures,
-        prefetch=0,
-        map_parallelism=1,
-        cache="memory",
-        transfer_dtype="uint8",
+        PipelineKnobs(prefetch=0, map_parallelism=1, cache="memory", transfer_dtype="uint8"),
         compute_ceiling_examples_per_s=6000.0,
         input_ceiling_examples_per_s=3500.0,
     )
@@ -126,11 +124,9 @@ def test_recommendation_for_an_input_bound_run_names_the_knobs_that_are_off():
     )
     text = recommend(
         figures_with_input_wait(0.001, 0.009),
-        prefetch="autotune",
-        map_parallelism="autotune",
-        cache="off",
-        transfer_dtype="float32",
-        num_parallel_reads=1,
+        PipelineKnobs(
+            prefetch="autotune", map_parallelism="autotune", cache="off", transfer_dtype="float32", num_parallel_reads=1
+        ),
     )
     assert text.startswith("moderately input-bound: 10 % of step time waits for input at 3,200 examples/s. ")
     assert "files are read one at a time, nothing is cached, features cross as float32" in text
@@ -139,11 +135,13 @@ def test_recommendation_for_an_input_bound_run_names_the_knobs_that_are_off():
 def test_recommendation_when_the_pipeline_is_already_tuned():
     text = recommend(
         figures_with_input_wait(0.005, 0.005),
-        prefetch="autotune",
-        map_parallelism="autotune",
-        cache="memory",
-        transfer_dtype="uint8",
-        num_parallel_reads="autotune",
+        PipelineKnobs(
+            prefetch="autotune",
+            map_parallelism="autotune",
+            cache="memory",
+            transfer_dtype="uint8",
+            num_parallel_reads="autotune",
+        ),
     )
     assert text.startswith("highly input-bound: 50 % of step time")
     assert "pipeline=tuned" not in text and "knobs are on" in text
@@ -153,10 +151,7 @@ def test_recommendation_for_a_compute_bound_run_suggests_compute_knobs():
     # 0.1 ms of a 10 ms step waiting: 1 %, not input-bound.
     text = recommend(
         figures_with_input_wait(0.0001, 0.0099),
-        prefetch=0,
-        map_parallelism=1,
-        cache="off",
-        transfer_dtype="float32",
+        PipelineKnobs(prefetch=0, map_parallelism=1, cache="off", transfer_dtype="float32"),
         compute_ceiling_examples_per_s=3300.0,
     )
     assert text.startswith(
@@ -214,7 +209,7 @@ def test_host_overhead_bound_runs_are_told_to_fuse_steps():
     timer = StepTimer([0.1e-3] * 4, [0.3e-3] * 4)
     figures = timing_figures(timer, StepPlan(1, 4, 0), 10, 10, HostReferences(0.1e-3, fetch_overhead_s=0.1e-3))
     assert figures.verdict == "host-overhead-bound"
-    advice = recommend(figures, prefetch=2, map_parallelism=2, cache="memory", transfer_dtype="uint8")
+    advice = recommend(figures, PipelineKnobs(prefetch=2, map_parallelism=2, cache="memory", transfer_dtype="uint8"))
     assert advice.startswith("host-overhead-bound") and "train.steps_per_execution=8" in advice
 
 
@@ -231,7 +226,7 @@ def test_ceilings_keep_the_median_and_spread_of_their_blocks():
 def test_efficiency_is_never_printed_above_100_percent_without_its_spread(spread):
     import re
 
-    from bwopt.report import figures_table
+    from bwopt.terminal import figures_table
 
     figures = {"efficiency": 1.165, **({} if spread is None else {"efficiency_spread": spread})}
     row = next(line for line in figures_table(figures).splitlines() if "efficiency" in line)
@@ -242,3 +237,55 @@ def test_efficiency_is_never_printed_above_100_percent_without_its_spread(spread
         assert "116.5% ± 30.0%" in row and "within noise" in row
     if spread is None:
         assert "116.5" not in row and "noise" in row
+
+
+# The artificial source (conf/data/artificial.yaml): a source that sleeps per element and a step that
+# sleeps on top of a tiny model, so the right verdict is known in advance.
+KNOWN = [
+    "data=artificial",
+    "split=uniform",
+    "pipeline=naive",
+    "pipeline.shuffle_buffer=0",
+    "tracking=none",
+    "data.num_files=4",
+    "data.examples_per_file=96",
+    "train.global_batch_size=16",
+    "train.epochs=1",
+    "train.warmup_steps=2",
+    "model.hidden_units=[8]",
+    "measure.memcpy_bandwidth=false",
+    "measure.progress=false",
+]
+
+
+@pytest.mark.slow  # ten short trainings
+@pytest.mark.parametrize(
+    "workload,answer",
+    [
+        # 16 sleeps of 1 ms per batch, no prefetch, no compute: the step waits for its batch ~all the time
+        (["data.element_latency_s=0.001", "data.step_compute_s=0"], "highly input-bound"),
+        # batches ready at once, behind a prefetch buffer, a step of 80 ms: the step's own work (a
+        # ready batch's next() still costs ~1 ms on a busy machine: at 40 ms steps that is a stall
+        # of 2-3 %, whose interval can reach the 5 % threshold)
+        (["data.element_latency_s=0", "data.step_compute_s=0.08", "pipeline.prefetch=8"], "compute-bound"),
+    ],
+)
+def test_five_identical_runs_give_one_verdict(run_experiment, workload, answer):
+    """A verdict is only given where its interval clears the thresholds, so identical runs agree;
+    on a known workload they give the known answer."""
+    verdicts = [run_experiment(*KNOWN, *workload).figures.verdict for _ in range(5)]
+    known_answer(verdicts == [answer] * 5, f"verdicts {verdicts}")
+
+
+@pytest.mark.slow  # five runs of the default experiment, each with its 3 s window
+def test_five_identical_default_runs_give_one_verdict(run_experiment):
+    """The default run as shipped (its timed window included): the same verdict five times, or five
+    times "mixed" (with what is known, whose figures may differ)."""
+    from omegaconf import OmegaConf
+
+    from bwopt.app import config_dir
+
+    window = OmegaConf.load(f"{config_dir()}/config.yaml").measure.min_timed_s
+    quiet = ["tracking=none", "measure.memcpy_bandwidth=false", "measure.progress=false", "measure.plots=false"]
+    verdicts = [run_experiment(*quiet, f"measure.min_timed_s={window}").figures.verdict for _ in range(5)]
+    known_answer(len({verdict.split(":")[0] for verdict in verdicts}) == 1, f"verdicts {verdicts}")

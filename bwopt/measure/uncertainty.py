@@ -1,0 +1,223 @@
+"""How sure a figure is: 95 % intervals by a block bootstrap over the timed steps, the step as a
+partition, and verdicts that hold only where their interval clears the thresholds.
+
+Neighbouring steps are not independent (a slow phase of the machine, a pipeline refilling its
+buffers spans many steps), so resampling single steps would make the intervals too narrow. The
+bootstrap resamples *blocks* of consecutive timed loop steps (a moving-block bootstrap, block
+length about n^(1/3), longer the longer neighbouring steps stay alike, at least 4 steps),
+`NUM_RESAMPLES` times with a fixed seed, recomputes each figure as a ratio of sums over the
+resampled steps, and takes the 2.5th and 97.5th percentiles.
+The interval says how much the figure would move were the same run's window measured again;
+what changes between runs (another process on the cores) adds to that, which is why sweeps
+compare repeats (`compare`).
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+NUM_RESAMPLES = 1000
+MIN_BLOCK_STEPS = 4
+CONFIDENCE = 0.95
+Z_95 = 1.959964
+
+# The parts of a step, in the order they are printed.
+PARTS = ("compute", "input_stall", "host_overhead", "other")
+
+
+def block_length(num_steps: int, lag1_autocorrelation: float = 0.0) -> int:
+    """Steps per block: n^(1/3) scaled by how long the steps stay alike (for a lag-1 correlation
+    rho, by (2 rho / (1 - rho^2))^(2/3), the optimal block length of an AR(1) series, Politis &
+    White 2004), at least MIN_BLOCK_STEPS and at most a quarter of the steps."""
+    rho = min(max(lag1_autocorrelation, 0.0), 0.95)
+    scale = (2 * rho / (1 - rho**2)) ** (2 / 3)
+    return int(max(MIN_BLOCK_STEPS, min(math.ceil(num_steps ** (1 / 3) * scale), num_steps // 4)))
+
+
+def lag1_autocorrelation(values: np.ndarray) -> float:
+    centred = values - values.mean()
+    denominator = float(np.dot(centred, centred))
+    return float(np.dot(centred[:-1], centred[1:]) / denominator) if denominator > 0 and len(values) > 2 else 0.0
+
+
+def block_bootstrap_sums(parts: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Sums over resampled steps: shape (NUM_RESAMPLES, num_parts) for `parts` of shape (num_steps, num_parts).
+
+    Each resample joins randomly started blocks of consecutive steps (wrapping around the end)
+    until it has as many steps as the original window. A window too short for two blocks of
+    `MIN_BLOCK_STEPS` is cut into at least two shorter ones: one block would resample the window
+    as it is, an interval of zero width that claims a certainty the few steps do not give.
+    """
+    num_steps = len(parts)
+    length = block_length(num_steps, lag1_autocorrelation(parts.sum(axis=1)))
+    length = max(1, min(length, num_steps // 2))
+    num_blocks = math.ceil(num_steps / length)
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, num_steps, size=(NUM_RESAMPLES, num_blocks))
+    indices = (starts[:, :, None] + np.arange(length)[None, None, :]).reshape(NUM_RESAMPLES, -1)[:, :num_steps]
+    return parts[indices % num_steps].sum(axis=1)
+
+
+def interval(values: np.ndarray) -> List[float]:
+    """[low, high]: the central 95 % of bootstrap values."""
+    low, high = np.percentile(values, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2])
+    return [float(low), float(high)]
+
+
+@dataclass(frozen=True)
+class StepUncertainty:
+    """The intervals of the timing figures and the step's partition with its intervals.
+
+    Attributes:
+        throughput_ci95: [low, high] of the examples/s over the timed window.
+        partition: part -> share of step time (`PARTS`; the shares sum to 1).
+        partition_ci95: part -> [low, high].
+        stall_minus_host_ci95: [low, high] of input stall share - host overhead share (None when not split).
+        series_ci95: name -> [low, high] of the share of step time of each series passed in.
+    """
+
+    throughput_ci95: List[float]
+    partition: Dict[str, float]
+    partition_ci95: Dict[str, List[float]]
+    stall_minus_host_ci95: Optional[List[float]] = None
+    series_ci95: Dict[str, List[float]] = field(default_factory=dict)
+
+
+def clip_stall(sums: np.ndarray) -> np.ndarray:
+    """Sums of the parts with a negative stall sum (executions faster than their reference, noise)
+    set to 0 and moved into compute: the shares stay a partition."""
+    stall, compute = PARTS.index("input_stall"), PARTS.index("compute")
+    negative = np.minimum(sums[..., stall], 0.0)
+    sums = sums.copy()
+    sums[..., stall] -= negative
+    sums[..., compute] += negative
+    return sums
+
+
+def step_uncertainty(
+    parts: Dict[str, np.ndarray], examples_per_loop_step: float, series: Optional[Dict[str, np.ndarray]] = None
+) -> StepUncertainty:
+    """Intervals from per-loop-step seconds of each part (`PARTS` keys; their sum is the step time),
+    and of the share of step time of each of `series` (seconds per loop step, e.g. the input wait)."""
+    series = series or {}
+    columns = [np.asarray(parts[name], dtype=np.float64) for name in PARTS]
+    columns += [np.asarray(values, dtype=np.float64) for values in series.values()]
+    matrix = np.stack(columns, axis=1)
+    num_parts = len(PARTS)
+    totals = clip_stall(matrix.sum(axis=0)[:num_parts])
+    sums = block_bootstrap_sums(matrix)
+    walls = sums[:, :num_parts].sum(axis=1)
+    shares = clip_stall(sums[:, :num_parts]) / walls[:, None]
+    partition = {name: float(totals[index] / totals.sum()) for index, name in enumerate(PARTS)}
+    stall, host = PARTS.index("input_stall"), PARTS.index("host_overhead")
+    difference = interval(shares[:, stall] - shares[:, host]) if np.any(matrix[:, host]) else None
+    return StepUncertainty(
+        throughput_ci95=interval(len(matrix) * examples_per_loop_step / walls),
+        partition=partition,
+        partition_ci95={name: interval(shares[:, index]) for index, name in enumerate(PARTS)},
+        stall_minus_host_ci95=difference,
+        series_ci95={name: interval(sums[:, num_parts + index] / walls) for index, name in enumerate(series)},
+    )
+
+
+def percent_range(bounds: Sequence[float]) -> str:
+    low, high = bounds
+    return f"{low * 100:.0f}–{high * 100:.0f} %"
+
+
+# --- comparisons -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A / B of two throughputs, with the ratio's 95 % interval and a word.
+
+    `word` is "faster" when the whole interval lies above 1, "slower" below 1, else
+    "no difference detected".
+    """
+
+    ratio: float
+    ci95: Tuple[float, float]
+    word: str
+
+    def sentence(self, name: str, other: str) -> str:
+        low, high = self.ci95
+        return f"{name} vs {other}: ×{self.ratio:.2f} (95 % CI ×{low:.2f}–×{high:.2f}), {self.word}"
+
+
+def log_estimate(
+    values: Sequence[float],
+    intervals: Sequence[Optional[Sequence[float]]],
+    pooled: Optional[Tuple[float, int]] = None,
+) -> Tuple[float, float]:
+    """(mean of log throughput, its standard error) over repeats of one setting.
+
+    The error combines the spread between repeats and each run's own interval (its log width /
+    (2 x 1.96)), taking the larger, so that two repeats that happen to agree do not claim more
+    certainty than each run's window gives. The spread is this setting's own (from two or more
+    repeats) or `pooled` (standard deviation of log throughput and its degrees of freedom, from
+    `pooled_log_spread` over every setting of a sweep). A spread estimated from few repeats is
+    itself uncertain: the between-repeat error is scaled by Student's t over 1.96 (×6.5 at 1
+    degree of freedom, ×1.6 at 3), so that the normal interval `compare` draws is at least as
+    wide as the t interval of each side.
+    """
+    logs = np.log(np.asarray(values, dtype=np.float64))
+    within = [  # an interval of zero width (one timed step) says nothing of the noise
+        (math.log(bounds[1]) - math.log(bounds[0])) / (2 * Z_95)
+        for bounds in intervals
+        if bounds and 0 < bounds[0] < bounds[1]
+    ]
+    within_se = math.sqrt(np.mean(np.square(within)) / len(logs)) if within else 0.0
+    if pooled is not None:
+        spread, degrees = pooled
+    elif len(logs) > 1:
+        spread, degrees = float(np.std(logs, ddof=1)), len(logs) - 1
+    else:
+        spread, degrees = 0.0, 0
+    if not within and not degrees:  # one run and no interval: nothing says how far it could move
+        return float(logs.mean()), math.inf
+    between_se = spread / math.sqrt(len(logs)) * t_95(degrees) / Z_95 if degrees else 0.0
+    return float(logs.mean()), max(within_se, between_se)
+
+
+def pooled_log_spread(groups: Sequence[Sequence[float]]) -> Optional[Tuple[float, int]]:
+    """(pooled standard deviation of log throughput, its degrees of freedom) over the settings with
+    two or more repeats, or None when none has: the machine's run-to-run noise, which every
+    setting of one sweep shares (on a log scale, a spread in proportion to the throughput)."""
+    squares, degrees = 0.0, 0
+    for values in groups:
+        if len(values) > 1:
+            logs = np.log(np.asarray(values, dtype=np.float64))
+            squares += float(np.sum(np.square(logs - logs.mean())))
+            degrees += len(values) - 1
+    return (math.sqrt(squares / degrees), degrees) if degrees else None
+
+
+def t_95(degrees: int) -> float:
+    """Student's t, two-sided 95 %, at `degrees` degrees of freedom."""
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(0.975, degrees))
+
+
+def compare(a: Tuple[float, float], b: Tuple[float, float]) -> Comparison:
+    """A / B from two `log_estimate`s."""
+    difference = a[0] - b[0]
+    error = math.sqrt(a[1] ** 2 + b[1] ** 2)
+    low, high = math.exp(difference - Z_95 * error), math.exp(difference + Z_95 * error)
+    word = "faster" if low > 1 else "slower" if high < 1 else "no difference detected"
+    return Comparison(math.exp(difference), (low, high), word)
+
+
+def repeats_to_resolve(comparison: Comparison, repeats: int) -> Optional[int]:
+    """About how many repeats per setting would make the observed difference clear its interval
+    (the interval narrows as 1/sqrt(repeats)); None when there is no difference to resolve."""
+    effect = abs(math.log(comparison.ratio))
+    if not 0 < comparison.ci95[0] <= comparison.ci95[1] < math.inf:  # no interval to narrow
+        return None
+    half_width = (math.log(comparison.ci95[1]) - math.log(comparison.ci95[0])) / 2
+    if effect < 1e-3 or half_width <= 0:
+        return None
+    return max(repeats + 1, math.ceil(max(repeats, 1) * (half_width / effect) ** 2))

@@ -1,0 +1,176 @@
+"""Intervals, the step's partition and verdicts that hold only where their intervals clear the thresholds."""
+
+import numpy as np
+import pytest
+
+from bwopt.measure import HostReferences, StepPlan, StepTimer, timing_figures
+from bwopt.measure.plan import extra_steps_needed
+from bwopt.measure.timing import interval_verdict
+from bwopt.measure.uncertainty import PARTS, compare, log_estimate, repeats_to_resolve, step_uncertainty
+
+
+def coverage(make_steps, true_throughput: float, trials: int = 150) -> float:
+    """How often the throughput interval of a window covers the throughput the steps were drawn around."""
+    covered = 0
+    for trial in range(trials):
+        steps = make_steps(np.random.default_rng(1000 + trial))
+        zeros = np.zeros(len(steps))
+        parts = {"compute": steps, "input_stall": zeros, "host_overhead": zeros, "other": zeros}
+        low, high = step_uncertainty(parts, examples_per_loop_step=1.0).throughput_ci95
+        covered += low <= true_throughput <= high
+    return covered / trials
+
+
+@pytest.mark.slow
+def test_the_throughput_interval_covers_the_true_rate_about_95_percent_of_the_time():
+    # Independent steps of 1 ms +- 0.2 ms: the rate is 1 / E[step] = 1000 steps/s.
+    independent = coverage(lambda rng: rng.normal(1e-3, 2e-4, 300), 1000.0)
+    assert 0.88 <= independent <= 0.99
+
+
+@pytest.mark.slow
+def test_blocks_keep_the_interval_honest_when_neighbouring_steps_are_alike():
+    """Steps whose slowness lasts (an AR(1) series, as a busy machine gives): resampling single
+    steps would claim too much; blocks of steps keep the coverage near 95 %."""
+
+    def correlated(rng):
+        noise = np.zeros(400)
+        for index in range(1, 400):
+            noise[index] = 0.8 * noise[index - 1] + rng.normal(0, 1e-4)
+        return 1e-3 + noise
+
+    assert coverage(correlated, 1000.0) >= 0.82
+
+
+def figures_for(steps_per_execution: int):
+    rng = np.random.default_rng(0)
+    num = 200
+    if steps_per_execution == 1:
+        timer = StepTimer(list(rng.uniform(0.1e-3, 0.6e-3, num)), list(rng.uniform(0.4e-3, 0.6e-3, num)))
+        references = HostReferences(0.1e-3, fetch_overhead_s=0.05e-3)
+    else:
+        timer = StepTimer([0.0] * num, list(rng.uniform(4e-3, 6e-3, num)))
+        references = HostReferences(0.1e-3, ready_execution_s=4.5e-3)
+    plan = StepPlan(1, num, 0, steps_per_execution=steps_per_execution)
+    return timing_figures(timer, plan, 32, 32 * 10, references)
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 8])
+def test_the_step_partition_sums_to_one_and_no_part_exceeds_its_whole(steps_per_execution):
+    figures = figures_for(steps_per_execution)
+    assert set(figures.step_partition) == set(PARTS)
+    assert sum(figures.step_partition.values()) == pytest.approx(1.0, abs=1e-9)
+    assert all(0.0 <= share <= 1.0 for share in figures.step_partition.values())
+    assert figures.step_partition["input_stall"] == pytest.approx(figures.input_stall_fraction)
+    assert figures.step_partition["host_overhead"] == pytest.approx(figures.host_overhead_fraction)
+    for part, (low, high) in figures.step_partition_ci95.items():
+        assert low <= figures.step_partition[part] + 1e-9 and figures.step_partition[part] <= high + 1e-9
+    low, high = figures.throughput_examples_per_s_ci95
+    assert low < figures.throughput_examples_per_s < high
+    metrics = figures.metrics()
+    assert metrics["throughput_examples_per_s_ci95_low"] == low
+    assert metrics["step_partition/compute_fraction"] == figures.step_partition["compute"]
+
+
+def test_with_n_steps_per_execution_the_stall_is_the_excess_over_ready_executions():
+    figures = figures_for(8)
+    # Each execution's excess over the 4.5 ms ready one is stall; one 0.1 ms dispatch is host overhead.
+    mean_execution = figures.timed_wall_s / (figures.num_timed_steps / 8)
+    assert figures.input_stall_fraction == pytest.approx(1 - 4.5e-3 / mean_execution)
+    assert figures.host_overhead_fraction == pytest.approx(0.1e-3 / mean_execution)
+    assert figures.input_wait_fraction == 0.0
+
+
+@pytest.mark.parametrize(
+    "stall,host,difference,verdict",
+    [
+        ((0.30, 0.35), (0.05, 0.08), (0.22, 0.30), "highly input-bound"),
+        ((0.06, 0.12), (0.02, 0.04), (0.03, 0.09), "moderately input-bound"),
+        ((0.01, 0.03), (0.02, 0.04), (-0.02, 0.0), "compute-bound"),
+        ((0.10, 0.14), (0.40, 0.50), (-0.4, -0.3), "host-overhead-bound"),
+        ((0.30, 0.40), (0.45, 0.55), (-0.2, -0.1), "host-overhead-bound"),
+        # Both above 20 % and their difference spans 0: no winner is named.
+        ((0.24, 0.35), (0.22, 0.32), (-0.05, 0.08), "mixed: input stall 24–35 %, host overhead 22–32 %"),
+        # The stall's interval straddles 20 % with little host overhead: what is known, not a guess.
+        ((0.17, 0.23), (0.02, 0.04), (0.13, 0.2), "mixed: input stall 17–23 %, host overhead 2–4 %"),
+    ],
+)
+def test_a_verdict_is_given_only_where_its_interval_clears_the_thresholds(stall, host, difference, verdict):
+    assert interval_verdict(stall, host, difference) == verdict
+
+
+def test_comparisons_say_faster_slower_or_no_difference_with_the_ratios_interval():
+    fast = log_estimate([1100.0, 1120.0, 1090.0], [[1080.0, 1130.0]] * 3)
+    slow = log_estimate([1000.0, 990.0, 1010.0], [[980.0, 1020.0]] * 3)
+    faster = compare(fast, slow)
+    assert faster.word == "faster" and faster.ci95[0] > 1 and faster.ratio == pytest.approx(1.1, abs=0.01)
+    assert compare(slow, fast).word == "slower"
+    noisy = log_estimate([1050.0, 950.0], [[800.0, 1300.0]] * 2)
+    tie = compare(noisy, slow)
+    assert tie.word == "no difference detected" and tie.ci95[0] < 1 < tie.ci95[1]
+    assert repeats_to_resolve(tie, 2) > 2
+    assert "×" in faster.sentence("a", "b") and "95 % CI" in faster.sentence("a", "b")
+
+
+def test_a_window_of_a_few_steps_gets_an_interval_that_is_not_a_point():
+    """3 timed steps of 10 and 12 ms: too few for two blocks of 4, so the blocks are single steps;
+    one block would resample the window unchanged ([x, x]), and a change would then be 'faster'
+    by any margin at all (a tuning trial of 3 steps kept a ×1.13 change that way)."""
+    steps = np.array([0.010, 0.012, 0.010])
+    zeros = np.zeros(3)
+    parts = {"compute": steps, "input_stall": zeros, "host_overhead": zeros, "other": zeros}
+    low, high = step_uncertainty(parts, examples_per_loop_step=1.0).throughput_ci95
+    assert 1 / 0.012 <= low < 3 / steps.sum() < high <= 1 / 0.010
+
+
+def test_one_run_with_no_interval_is_no_evidence_either_way():
+    unknown = log_estimate([1130.0], [None])
+    assert unknown[1] == float("inf")
+    assert log_estimate([1130.0], [[1130.0, 1130.0]])[1] == float("inf")  # one timed step: zero width
+    known = log_estimate([1000.0], [[980.0, 1020.0]])
+    assert compare(unknown, known).word == "no difference detected"
+    assert repeats_to_resolve(compare(unknown, known), 1) is None
+
+
+def test_a_short_window_asks_for_enough_extra_steps_and_their_warm_up():
+    timer = StepTimer([0.0] * 20, [1e-3] * 20)  # 20 steps of 1 ms, 15 of them timed: 15 ms
+    plan = StepPlan(2, 10, 5, epoch_warmup_steps=2)
+    assert plan.timed(20) == [5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18, 19]
+    needed = extra_steps_needed(timer, plan, min_timed_s=0.1)
+    assert needed == 2 + int(np.ceil((0.1 - 0.013) / 1e-3 * 1.05))  # the warm-up, then 87 ms and 5 % to spare
+    extended = StepPlan(2, 10, 5, epoch_warmup_steps=2, extra_steps=needed)
+    assert extended.timed(20 + needed)[13:15] == [22, 23]  # 20 and 21: the extra steps' warm-up
+    assert extra_steps_needed(timer, plan, min_timed_s=0.01) == 0
+
+
+@pytest.mark.slow
+def test_the_timed_window_lasts_measure_min_timed_s_and_leaves_the_epoch_metrics_alone(run_experiment):
+    tiny = ["train.epochs=2", "train.steps_per_epoch=6", "train.warmup_steps=2", "measure.memcpy_bandwidth=false"]
+    short = run_experiment(*tiny, "tracking=none", "measure.min_timed_s=0")
+    long = run_experiment(*tiny, "tracking=none", "measure.min_timed_s=0.5")
+    assert short.figures.num_timed_steps == 2 * (6 - 2)
+    assert long.figures.timed_wall_s >= 0.5 and long.figures.num_timed_steps > 4 * short.figures.num_timed_steps
+    # The extra steps come after the last epoch's metrics: the same training up to there.
+    assert long.final_metrics == short.final_metrics
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps_per_execution", [1, 8])
+def test_a_real_runs_summary_json_holds_a_partition_that_adds_up_and_every_interval(
+    run_experiment, tmp_path, steps_per_execution
+):
+    import json
+
+    tiny = ["train.epochs=2", "train.warmup_steps=8", "measure.memcpy_bandwidth=false", "tracking=none"]
+    run_experiment(*tiny, f"train.steps_per_execution={steps_per_execution}", "measure.min_timed_s=0.3")
+    figures = json.loads((tmp_path / "run" / "summary.json").read_text())["figures"]
+    partition = figures["step_partition"]
+    assert set(partition) == set(PARTS) and sum(partition.values()) == pytest.approx(1.0, abs=0.005)
+    for part, share in partition.items():
+        low, high = figures["step_partition_ci95"][part]
+        assert 0.0 <= low <= share + 1e-9 <= high + 2e-9 <= 1.0 + 2e-9
+    low, high = figures["throughput_examples_per_s_ci95"]
+    assert low < figures["throughput_examples_per_s"] < high
+    for share in ("input_wait_fraction", "input_stall_fraction", "host_overhead_fraction"):
+        low, high = figures[f"{share}_ci95"]
+        assert low <= figures[share] + 1e-9 and figures[share] <= high + 1e-9
