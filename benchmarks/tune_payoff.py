@@ -1,0 +1,141 @@
+"""What `tune=pipeline` pays: its result re-measured side by side against the start and the alternatives.
+
+1. The tuning itself, as users run it: `python -m bwopt -m tune=pipeline WORKLOAD pipeline=naive`
+   in a fresh process (bwopt's launcher: every trial a fresh process; tracking=none), timed by the
+   wall clock; its tuned.yaml, number of trials and closing line are read back.
+2. Optionally (`--search N`) the Optuna search over the same workload, `hparams_search=pipeline`
+   with N trials, its best overrides read from search.yaml.
+3. The final configurations re-measured in this process, alternated round by round (order
+   reversed every other round), each run a real bwopt experiment (`bwopt.modes.run`, the real
+   conf/ composed, `measure.ceilings=true`):
+   - start: the workload with pipeline=naive;
+   - tune: the overrides of tuned.yaml;
+   - autotune everything: pipeline=naive with every parallelism and prefetch `autotune` and
+     tf.data's autotuner on, nothing else changed;
+   - pipeline=tuned: the preset of every classic optimisation;
+   - search: the search's best (with --search).
+   Printed: each side's throughput, tune's per-round ratio to each other side (median, 95 %
+   interval of the median, min-max) against its target, and tune's throughput ÷ min(ceilings).
+
+Targets (issue of record: tune): tune ÷ start ≥ 1, tune ≥ 0.9 of min(ceilings), tune ≥ 1.2 × autotune
+everything (where caching or placement matters), tune ≥ pipeline=tuned, tune ≥ search's best.
+
+Run: `.venv/bin/python benchmarks/tune_payoff.py [--workload pipelines|imagenet_like] [--search N]
+[--rounds K]` (pipelines: about 6 min on 2 cores; imagenet_like: about 25 min).
+`BWOPT_BENCHMARK_SMOKE=1` runs a one-trial tuning of a shrunk workload and one round (the smoke test).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from _common import QUIET, SMOKE, compose, configure_devices, load_line, ratios, run_bwopt, spread, verdict
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = {
+    "pipelines": ["experiment=pipelines"],
+    "imagenet_like": ["experiment=imagenet_like"],
+}
+SHRUNK = ["data.num_examples=2048", "train.global_batch_size=128", "train.epochs=1", "measure.ceiling_steps=10"]
+AUTOTUNE_EVERYTHING = [
+    "pipeline.map_parallelism=autotune",
+    "pipeline.prefetch=autotune",
+    "pipeline.interleave.cycle_length=autotune",
+    "pipeline.interleave.num_parallel_calls=autotune",
+    "pipeline.tfrecord.num_parallel_reads=autotune",
+    "pipeline.options.autotune=true",
+]
+TARGETS = {"start": 1.0, "autotune everything": 1.2, "pipeline=tuned": 1.0, "search": 1.0}
+TARGET_OF_CEILING = 0.9
+
+
+def bwopt_sweep(arguments, folder: Path) -> float:
+    """`python -m bwopt -m ARGUMENTS` with its sweep in `folder`; returns its wall time in seconds."""
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "bwopt", "-m", *arguments, "tracking=none", f"hydra.sweep.dir={folder}"],
+        cwd=folder.parent,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    return time.perf_counter() - started
+
+
+def tune(workload, folder: Path, max_trials: int):
+    settings = [f"hydra.sweeper.max_trials={max_trials}", *(["hydra.sweeper.probe=false"] if SMOKE else [])]
+    wall_s = bwopt_sweep(["tune=pipeline", *workload, "pipeline=naive", *settings], folder)
+    tuned = (folder / "tuned.yaml").read_text().split()
+    report = (folder / "tune.md").read_text()
+    closing = report.splitlines()[0].strip("*")
+    trials = len([path for path in folder.iterdir() if path.is_dir() and path.name.isdigit()])
+    return tuned, closing, trials, wall_s
+
+
+def search(workload, folder: Path, num_trials: int):
+    wall_s = bwopt_sweep(["hparams_search=pipeline", *workload, f"hydra.sweeper.n_trials={num_trials}"], folder)
+    (best,) = yaml.safe_load((folder / "search.yaml").read_text())["best"]
+    return [item for item in best["overrides"] if not item.startswith("hparams_search=")], wall_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="pipelines")
+    parser.add_argument("--search", type=int, default=0, metavar="N", help="also run a search of N trials")
+    parser.add_argument("--rounds", type=int, default=1 if SMOKE else 3)
+    arguments = parser.parse_args()
+    workload = [*WORKLOADS[arguments.workload], *(SHRUNK if SMOKE else [])]
+    print(f"tune_payoff: {arguments.workload}, {arguments.rounds} alternated round(s); {load_line()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bwopt-tune-payoff-") as scratch:
+        scratch = Path(scratch)
+        tuned, closing, trials, tune_s = tune(workload, scratch / "tune", 1 if SMOKE else 5)
+        print(f"tune: {trials} trial(s), {tune_s:.0f} s: {closing}")
+        print(f"  tuned.yaml: {' '.join(tuned)}", flush=True)
+        sides = {
+            "start": [*workload, "pipeline=naive"],
+            "tune": tuned,
+            "autotune everything": [*workload, "pipeline=naive", *AUTOTUNE_EVERYTHING],
+            "pipeline=tuned": [*workload, "pipeline=tuned"],
+        }
+        if arguments.search:
+            best, search_s = search(workload, scratch / "search", arguments.search)
+            print(f"search: {arguments.search} trials, {search_s:.0f} s; best: {' '.join(best)}", flush=True)
+            sides["search"] = best
+        measured = remeasure(sides, arguments.rounds, scratch / "run")
+    report(measured)
+
+
+def remeasure(sides, rounds: int, folder: Path):
+    common = ["tracking=none", "measure.ceilings=true", *QUIET]
+    configs = {name: compose([*overrides, *common]) for name, overrides in sides.items()}
+    configure_devices(configs["start"][0])
+    summaries = {name: [] for name in sides}
+    for round_number in range(rounds):
+        for name in list(sides) if round_number % 2 == 0 else list(reversed(list(sides))):
+            summaries[name].append(run_bwopt(*configs[name], folder))
+    return summaries
+
+
+def report(summaries) -> None:
+    throughput = {name: [s.figures.throughput_examples_per_s for s in runs] for name, runs in summaries.items()}
+    for name, values in throughput.items():
+        accuracy = [s.final_metrics["val_accuracy"] for s in summaries[name] if "val_accuracy" in s.final_metrics]
+        shown = f"  val_accuracy {min(accuracy):.3f}-{max(accuracy):.3f}" if accuracy else ""
+        print(f"  {name:<20} examples/s {spread(values, ',.0f')}{shown}")
+    for name, target in TARGETS.items():
+        if name in throughput:
+            per_round = ratios(throughput["tune"], throughput[name])
+            note = f"target >= {target:g}: {verdict(per_round, target)}"
+            print(f"ratio tune / {name}: {spread(per_round, '.2f')}  {note}")
+    of_ceiling = [s.measurements["efficiency"] for s in summaries["tune"]]
+    note = f"target >= {TARGET_OF_CEILING:g}: {verdict(of_ceiling, TARGET_OF_CEILING)}"
+    print(f"ratio tune throughput / min(ceilings): {spread(of_ceiling, '.2f')}  {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,352 @@
+"""bwopt's tuner: measure, change, verify; `python -m bwopt -m tune=pipeline [the workload's overrides]`.
+
+The Hydra sweeper behind `hydra/sweeper=bwopt_tuner` (conf/tune/pipeline.yaml selects it). Its
+trials run through the configured launcher (bwopt's: a fresh process each, a child run of one
+MLflow parent run, the sweep report), one at a time, each with `measure.ceilings=true`:
+
+1. the start: the workload as given; then the pipeline alone is probed in a fresh process for its
+   per-stage costs (bwopt.sweep.tune_probe: tf.data's own performance model of the iterator);
+2. the proposals (bwopt.sweep.tune_plan): greedy by the gain the cost model predicts, each with
+   its reason, planned again after every revert on top of the changes kept; only settings that
+   keep the examples and the math (parallelism, prefetch, cache before every random stage,
+   vectorised maps, a lossless transfer dtype, interleave width, steps per execution);
+3. each proposal runs on top of the incumbent and is kept only when it is faster beyond the noise
+   (bwopt.measure.uncertainty.compare of the two runs' intervals) and learned as well (val_accuracy
+   within `sweep.accuracy_tolerance` of the start's); otherwise it is reverted, and the table says so;
+4. it stops when the incumbent reaches `target_fraction` of its compute ceiling (the input side
+   has nothing left to give), when no proposal is left, or after `max_trials` trials.
+
+At the end the sweep folder holds tuned.yaml (`python -m bwopt $(cat tuned.yaml)`), tune.md (the
+table, the per-stage picture and the closing line) and tune_path.png; the parent run gets them as
+artifacts, the table as its description and the result as metrics.
+"""
+
+import json
+import logging
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from bwopt.schema import SweepConfig
+from bwopt.sweep.sweeper import prepare_sweep
+from bwopt.sweep.tune_decide import ALLOWED_CHANGES, Budget, Profile, Stage
+from bwopt.sweep.tune_plan import plan
+from bwopt.sweep.tune_record import (
+    Trial,
+    against,
+    closing_line,
+    cores_used,
+    plot_path,
+    ratio_text,
+    read_trial,
+    stage_table,
+    table,
+    write_tuned,
+)
+
+log = logging.getLogger(__name__)
+
+MEASURING = ["measure.ceilings=true"]
+NOT_PASSED_ON = ("tune", "hparams_search", "measure.ceilings")  # the sweep's own choices
+
+
+class TuneConfigError(ValueError):
+    """A tuner setting or a workload override the tuner cannot run with."""
+
+
+@dataclass
+class BwoptTunerConf:
+    """`hydra.sweeper.*` when `hydra/sweeper=bwopt_tuner`.
+
+    Attributes:
+        max_trials: trials in all, the start included.
+        target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
+        allow: opt-in changes that alter the math (precision, batch_size); none is proposed yet.
+        memory_share: of the memory available at the start, what caches and prefetch may hold.
+        probe: probe the pipeline's stages (tf.data's model) before planning; false runs the
+            start alone.
+        params: a sweep's values that an `experiment` preset may carry (`pipeline: naive,tuned`):
+            tune starts from one workload, so they are not run (the command line chooses).
+    """
+
+    _target_: str = "hydra_plugins.bwopt_tuner.bwopt_tuner.BwoptTuner"
+    max_trials: int = 5
+    target_fraction: float = 0.9
+    allow: List[str] = field(default_factory=list)
+    memory_share: float = 0.5
+    probe: bool = True
+    params: Dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.allow = list(self.allow)
+        if self.max_trials < 1:
+            raise TuneConfigError(f"hydra.sweeper.max_trials={self.max_trials}; expected an integer >= 1")
+        if not 0 < self.target_fraction <= 1:
+            raise TuneConfigError(f"hydra.sweeper.target_fraction={self.target_fraction}; expected a value in (0, 1]")
+        if not 0 < self.memory_share <= 1:
+            raise TuneConfigError(f"hydra.sweeper.memory_share={self.memory_share}; expected a value in (0, 1]")
+        unknown = [item for item in self.allow if item not in ALLOWED_CHANGES]
+        if unknown:
+            raise TuneConfigError(f"hydra.sweeper.allow={self.allow}: expected some of {', '.join(ALLOWED_CHANGES)}")
+
+
+def workload_overrides(arguments: List[str]) -> List[str]:
+    """The command line's overrides minus the sweep's own; a sweep (a,b) cannot be tuned from."""
+    parsed = OverridesParser.create().parse_overrides(list(arguments))
+    swept = [override.input_line for override in parsed if override.is_sweep_override()]
+    if swept:
+        raise TuneConfigError(f"{' '.join(swept)}: tune starts from one workload; give one value per key")
+    return [override.input_line for override in parsed if override.get_key_element() not in NOT_PASSED_ON]
+
+
+def start_knobs(config: DictConfig, cores: int) -> Dict[str, Any]:
+    """The start's pipeline knobs as the cost model reads them; autotune counts as the cores (parallelism)."""
+    pipeline = config.pipeline
+
+    def count(value, autotuned: int) -> int:
+        return autotuned if value == "autotune" else int(value)
+
+    return {
+        "map_parallelism": count(pipeline.map_parallelism, cores),
+        "interleave_width": count(pipeline.interleave.num_parallel_calls, cores),
+        "prefetch": count(pipeline.prefetch, 2),
+        "cached": pipeline.cache != "off",
+        "vectorized": bool(pipeline.vectorized_map),
+        "uint8": pipeline.transfer_dtype == "uint8",
+        "steps_per_execution": int(config.train.steps_per_execution),
+    }
+
+
+def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
+    """The cost model's view: the probe's stages and the start's step time and host overhead."""
+    fields = set(Stage.__dataclass_fields__)
+    stages = tuple(
+        Stage(**{key: value for key, value in stage.items() if key in fields}) for stage in picture["stages"]
+    )
+    batch = picture["batch_size"]
+    return Profile(
+        stages=stages,
+        batch_size=batch,
+        examples_per_epoch=picture["examples_per_epoch"],
+        step_time_s=batch / start.compute_ceiling if start.compute_ceiling else 0.0,
+        vectorized_map_cost_s=picture["vectorized_map_cost_s"],
+        integer_features=picture["integer_features"],
+        feature_bytes_per_example=picture["feature_bytes_per_example"],
+        num_files=picture["num_files"],
+        host_overhead_share=start.step_partition.get("host_overhead", 0.0),
+        steps_per_epoch=picture["steps_per_epoch"],
+        epochs=picture["epochs"],
+    )
+
+
+def available_memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 2.0**33
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_probe(overrides: List[str], output: Path) -> Dict[str, Any]:
+    """The per-stage picture of the pipeline `overrides` configure (bwopt.sweep.tune_probe, a fresh process)."""
+    with tempfile.TemporaryDirectory(prefix="bwopt-tune-") as scratch:
+        arguments = Path(scratch) / "overrides.json"
+        arguments.write_text(json.dumps(overrides))
+        command = [sys.executable, "-m", "bwopt.sweep.tune_probe", str(arguments), str(output)]
+        subprocess.run(command, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return json.loads(output.read_text())
+
+
+class PipelineTuner(Sweeper):
+    """The sweeper behind `hydra/sweeper=bwopt_tuner` (Hydra instantiates its subclass in hydra_plugins)."""
+
+    def __init__(self, **settings: Any) -> None:
+        try:
+            self.settings = BwoptTunerConf(**settings)
+        except TuneConfigError as error:  # one line, as for any key
+            print(f"bwopt: invalid config: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        self.config: Optional[DictConfig] = None
+        self.launcher = None
+        self.accuracy_tolerance = SweepConfig().accuracy_tolerance
+        self.sweep_dir = Path(".")
+        self.probe_file = self.sweep_dir / "tune_probe_start.json"
+        self.trials: List[Trial] = []
+        # `tune=NAME` goes to every trial (as `hparams_search=` does to the search's): a job composes
+        # the command line's hydra.sweeper.* overrides, which only this sweeper's schema has.
+        self.selection: List[str] = []
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.accuracy_tolerance, self.launcher = prepare_sweep(
+            config, hydra_context, task_function, parent_name="tune pipeline"
+        )
+        self.sweep_dir = Path(config.hydra.sweep.dir)
+        self.probe_file = self.sweep_dir / "tune_probe_start.json"
+        choice = OmegaConf.select(config, "hydra.runtime.choices.tune")
+        self.selection = [f"tune={choice}"] if choice else []
+        repeats = getattr(self.launcher, "repeats", 1)
+        if repeats != 1:  # a trial is one run in folder n; its interval comes from blocks of its steps
+            print(
+                f"bwopt: invalid config: hydra.launcher.repeats={repeats}; tune runs each trial once "
+                "(expected 1: each trial's interval comes from its own timed blocks)",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
+
+    def sweep(self, arguments: List[str]) -> Any:
+        started = time.monotonic()
+        try:
+            base = workload_overrides(arguments)
+        except TuneConfigError as error:
+            print(f"bwopt: invalid config: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        budget = Budget(cores=len(os.sched_getaffinity(0)), memory_bytes=available_memory_bytes())
+        budget = Budget(budget.cores, budget.memory_bytes * self.settings.memory_share)
+        start = self._run(base, Trial(0, "start", "the workload as given", {}))
+        if start.failed:
+            raise RuntimeError(f"the start trial failed; see {self.sweep_dir / '0'}")
+        start.kept = True
+        incumbent = start
+        next_proposal = self._planner(base, start, budget)
+        kept: List[str] = []
+        rejected: List[str] = []
+        while True:
+            if self._reached_target(incumbent):
+                stop = f"reached {self.settings.target_fraction:g} of the compute ceiling"
+                break
+            proposal = next_proposal(kept, rejected)
+            if not self.trials[-1].kept:
+                log.info(f"re-planned without {', '.join(rejected)}: next {proposal.name if proposal else 'nothing'}")
+            if proposal is None:
+                stop = "no proposal left"
+                break
+            if len(self.trials) >= self.settings.max_trials:
+                stop = f"max_trials={self.settings.max_trials}"
+                break
+            candidate = Trial(
+                len(self.trials), proposal.name, proposal.reason, {**incumbent.overrides, **proposal.overrides}
+            )
+            self._run(base, candidate)
+            self._judge(candidate, incumbent, start)
+            (kept if candidate.kept else rejected).append(proposal.name)
+            incumbent = candidate if candidate.kept else incumbent
+        return self._finish(base, incumbent, stop, time.monotonic() - started)
+
+    def _run(self, base: List[str], trial: Trial) -> Trial:
+        changes = (f"{key}={value}" for key, value in trial.overrides.items())
+        overrides = [*self.selection, *base, *MEASURING, *changes]
+        log.info(f"tune trial {trial.number} ({trial.change}): {trial.reason}")
+        cpu_before = children_cpu_s()
+        self.launcher.launch([overrides], initial_job_idx=trial.number)
+        trial.cpu_s = children_cpu_s() - cpu_before
+        folder = self.sweep_dir / str(trial.number)
+        job_file = folder / "job.json"
+        trial.wall_s = json.loads(job_file.read_text()).get("wall_s", 0.0) if job_file.is_file() else 0.0
+        read_trial(folder, trial)
+        self.trials.append(trial)
+        return trial
+
+    def _planner(self, base: List[str], start: Trial, budget: Budget):
+        """(kept, rejected) -> the next proposal, planned from the start's probe on top of what was kept.
+
+        After a revert the plan is made again without the rejected change, so what follows is
+        weighed on the incumbent the trials run on, not on a model that assumed the change.
+        """
+        if not self.settings.probe:
+            return lambda kept, rejected: None
+        picture = run_probe(base, self.probe_file)
+        config_file = self.sweep_dir / "0" / ".hydra" / "config.yaml"
+        knobs = start_knobs(OmegaConf.load(config_file), budget.cores)
+        profile = profile_of(picture, start)
+        for number, proposal in enumerate(plan(profile, budget, knobs), 1):
+            log.info(f"proposal {number}: {proposal.name} {proposal.overrides}: {proposal.reason}")
+
+        def next_proposal(kept: List[str], rejected: List[str]):
+            proposals = plan(profile, budget, knobs, kept, rejected)
+            return next((proposal for proposal in proposals if proposal.name not in kept), None)
+
+        return next_proposal
+
+    def _reached_target(self, incumbent: Trial) -> bool:
+        ceiling = incumbent.compute_ceiling
+        return bool(ceiling and incumbent.throughput >= self.settings.target_fraction * ceiling)
+
+    def _judge(self, candidate: Trial, incumbent: Trial, start: Trial) -> None:
+        """Keep the candidate only when it is faster beyond the noise and learned as well as the start."""
+        if candidate.failed:
+            candidate.note = "the run failed; reverted"
+            return
+        comparison = against(candidate, incumbent)
+        candidate.against_incumbent = comparison
+        worse = (
+            candidate.val_accuracy is not None
+            and start.val_accuracy is not None
+            and start.val_accuracy - candidate.val_accuracy > self.accuracy_tolerance + 1e-9
+        )
+        if worse:
+            candidate.note = f"val_accuracy {candidate.val_accuracy:.3f} below the start's {start.val_accuracy:.3f}"
+        elif comparison.word != "faster":
+            candidate.note = f"{ratio_text(comparison)} the incumbent, {comparison.word}; reverted"
+        candidate.kept = not worse and comparison.word == "faster"
+        verdict = "kept" if candidate.kept else "reverted"
+        log.info(f"tune trial {candidate.number}: {ratio_text(comparison)} the incumbent, {comparison.word}: {verdict}")
+
+    def _finish(self, base: List[str], final: Trial, stop: str, elapsed_s: float) -> Dict[str, Any]:
+        start = self.trials[0]
+        tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
+        plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
+        line = closing_line(start, final, len(self.trials), elapsed_s)
+        cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
+        markdown = "\n\n".join(
+            [
+                f"**{line}**",
+                f"Stopped: {stop}. Tuned overrides (`tuned.yaml`): `{' '.join(final.overrides_text())}`",
+                table(self.trials),
+                f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
+            ]
+        )
+        if self.probe_file.is_file():  # what the plan was made from
+            picture = json.loads(self.probe_file.read_text())
+            markdown += "\n\nThe start's stages (tf.data's model of the running pipeline):\n\n" + stage_table(picture)
+        report = self.sweep_dir / "tune.md"
+        report.write_text(markdown + "\n")
+        print(line, flush=True)
+        probe = [self.probe_file] if self.probe_file.is_file() else []
+        self._annotate_parent([tuned, report, plot, *probe], markdown, start, final)
+        return {"tuned": final.overrides, "closing_line": line, "trials": len(self.trials)}
+
+    def _annotate_parent(self, files: List[Path], markdown: str, start: Trial, final: Trial) -> None:
+        parent = getattr(self.launcher, "parent", None)
+        if parent is None:
+            return
+        from bwopt.tracking.names import NOTE_TAG
+        from bwopt.tracking.sweeps import within_limit
+
+        parent.annotate(files, {NOTE_TAG: within_limit(markdown), "bwopt.tune.tuned": " ".join(final.overrides_text())})
+        metrics = {"tune_num_trials": len(self.trials), "tune_throughput_examples_per_s": final.throughput}
+        if final is not start:
+            comparison = against(final, start)
+            metrics.update(
+                tune_ratio_to_start=comparison.ratio,
+                tune_ratio_to_start_ci95_low=comparison.ci95[0],
+                tune_ratio_to_start_ci95_high=comparison.ci95[1],
+            )
+        if final.of_ceiling:
+            metrics["tune_fraction_of_ceiling"] = final.of_ceiling
+        parent.log_figures(metrics, {})

@@ -1,0 +1,216 @@
+"""What `tune` changes next, and why: pure functions from a pipeline's per-stage costs to proposals.
+
+The input is a `Profile`: the training pipeline's stages in order (source first), each with its
+cost per batch on one core, whether it can run in parallel, whether it draws randomness, and the
+size of what it outputs; beside it the consumer (the training step's time per batch, from the
+compute ceiling), the cores and the memory the pipeline may use (`Budget`). No TensorFlow, no
+Hydra: bwopt.sweep.tune_probe measures the costs, bwopt.sweep.tune runs the proposals.
+
+The model (each function's docstring says its part):
+
+- a stage that runs in parallel with p threads delivers a batch every T/p; a sequential stage
+  every T; all stages and the step share the cores, so the whole pipeline delivers at most
+  cores / (sum of T over CPU stages + step time) batches per second (`sustainable_rate`);
+- without prefetch the step waits for the producer: a batch takes the producer's time plus the
+  step's; with prefetch they overlap and a batch takes the longer of the two (`batch_time_s`);
+- a cache removes, after the first epoch, every stage at or before it; it must hold one epoch of
+  that stage's output and it may never follow a random stage (shuffle, augmentation, a random
+  crop), which would freeze one draw for every epoch (`cache_position`).
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Tuple
+
+SOURCE, MAP, BATCH, SHUFFLE, OTHER = "source", "map", "batch", "shuffle", "other"
+# Opt-in settings that change the math (tune.allow); none is proposed today without it.
+ALLOWED_CHANGES = ("precision", "batch_size")
+MAX_PREFETCH = 16
+MAX_STEPS_PER_EXECUTION = 64
+HOST_OVERHEAD_SHARE = 0.2  # the verdict's threshold (bwopt.measure): above it, amortise the host's cost
+PREFETCH_MEMORY_SHARE = 0.1  # of the memory budget, for prefetched batches
+MIN_PREDICTED_GAIN = 1.02  # a proposal the model expects to gain less than this is not run
+
+
+class UnsafeProposal(ValueError):
+    """A proposal that would change the examples (a cache after a random stage)."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the training pipeline as measured.
+
+    Attributes:
+        name: what it is, e.g. "map (augment)".
+        kind: source, map, batch, shuffle or other.
+        cost_per_batch_s: its own time per training batch on one core (its inputs' time excluded).
+        parallel: whether more threads make it faster (map, interleave); else it runs on one.
+        random: whether its output differs by epoch (shuffle, augmentation, random crops): no
+            cache may follow it.
+        output_bytes_per_example: the size of its output, per example (what a cache after it holds).
+        io_bound: it mostly waits (file reads): it does not count against the cores.
+    """
+
+    name: str
+    kind: str
+    cost_per_batch_s: float
+    parallel: bool = False
+    random: bool = False
+    output_bytes_per_example: float = 0.0
+    io_bound: bool = False
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the pipeline may use: cores (threads that run at once) and memory in bytes."""
+
+    cores: int
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The start's pipeline and its consumer, as tune sees them.
+
+    Attributes:
+        stages: source first; per-element stages' costs already scaled to one batch.
+        batch_size: examples per batch.
+        examples_per_epoch: training examples in one epoch (what a cache holds).
+        step_time_s: the training step alone per batch (global batch / compute ceiling).
+        vectorized_map_cost_s: the per-batch cost of the maps run once on whole batches, when
+            measured (None: not measured, or the maps cannot be vectorised).
+        integer_features: features are integers in [0, 255]: uint8 carries them exactly.
+        feature_bytes_per_example: the transferred features' size in the current dtype.
+        num_files: files of a file source (interleave width is bounded by it); 0 for other sources.
+        host_overhead_share: the step partition's host overhead (fetch, dispatch, sync) of the start.
+        steps_per_epoch: training steps per epoch (steps_per_execution divides it).
+        epochs: training epochs of a trial (a cache pays after the first).
+    """
+
+    stages: Tuple[Stage, ...]
+    batch_size: int
+    examples_per_epoch: int
+    step_time_s: float
+    vectorized_map_cost_s: Optional[float] = None
+    integer_features: bool = False
+    feature_bytes_per_example: float = 0.0
+    num_files: int = 0
+    host_overhead_share: float = 0.0
+    steps_per_epoch: int = 0
+    epochs: int = 1
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One change tune runs: its overrides, the reason with numbers, what the model expects."""
+
+    name: str
+    overrides: Dict[str, str]
+    reason: str
+    predicted_batch_time_s: float = 0.0
+
+
+@dataclass
+class Settings:
+    """The pipeline knobs tune decides (what the current trial runs with)."""
+
+    map_parallelism: int = 1
+    interleave_width: int = 1
+    prefetch: int = 0
+    cache_after: Optional[int] = None  # index of the stage the cache follows
+    vectorized: bool = False
+    uint8: bool = False
+    steps_per_execution: int = 1
+    extra: Dict[str, str] = field(default_factory=dict)
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+def cpu_time_per_batch_s(stages: Sequence[Stage]) -> float:
+    return sum(stage.cost_per_batch_s for stage in stages if not stage.io_bound)
+
+
+def sustainable_rate(stages: Sequence[Stage], step_time_s: float, cores: int) -> float:
+    """Batches per second the water can rise to: every core busy on the stages and the step, or a
+    sequential stage (or the step) saturated, whichever comes first."""
+    cpu_bound = cores / max(cpu_time_per_batch_s(stages) + step_time_s, 1e-12)
+    sequential = [stage.cost_per_batch_s for stage in stages if not stage.parallel] + [step_time_s]
+    return min(cpu_bound, 1.0 / max(max(sequential), 1e-12))
+
+
+def water_fill(stages: Sequence[Stage], step_time_s: float, cores: int) -> Dict[str, int]:
+    """Threads per stage that sustain `sustainable_rate`: ceil(cost x rate) for a parallel stage,
+    capped at the cores (at the files for an I/O-bound one it is the caller's cap); 1 for a
+    sequential one. Giving the threads to the most loaded stage first until the cores run out ends
+    at the same level: the optimum of max(T_i / p_i) under sum(T_i) x rate <= cores."""
+    rate = sustainable_rate(stages, step_time_s, cores)
+    threads = {}
+    for stage in stages:
+        if not stage.parallel:
+            threads[stage.name] = 1
+            continue
+        needed = math.ceil(stage.cost_per_batch_s * rate - 1e-9)
+        threads[stage.name] = max(1, needed if stage.io_bound else min(cores, needed))
+    return threads
+
+
+def producer_period_s(stages: Sequence[Stage], threads: Dict[str, int], cores: int) -> float:
+    """Seconds between batches the pipeline alone delivers with these threads."""
+    slowest = max((stage.cost_per_batch_s / threads.get(stage.name, 1) for stage in stages), default=0.0)
+    return max(slowest, cpu_time_per_batch_s(stages) / cores)
+
+
+def batch_time_s(stages: Sequence[Stage], threads: Dict[str, int], step_time_s: float, cores: int, prefetch: int):
+    """Seconds per training batch: the producer then the step (prefetch 0), or both overlapped."""
+    producer = producer_period_s(stages, threads, cores)
+    if prefetch == 0:
+        return producer + step_time_s
+    return max(producer, step_time_s, (cpu_time_per_batch_s(stages) + step_time_s) / cores)
+
+
+# --- single decisions --------------------------------------------------------------------------
+
+
+def cache_position(stages: Sequence[Stage], examples_per_epoch: int, memory_bytes: float) -> Optional[int]:
+    """The index of the most downstream stage a cache may follow: every stage up to it
+    deterministic, and one epoch of its output within `memory_bytes`; None when there is none."""
+    best = None
+    for index, stage in enumerate(stages):
+        if stage.random:
+            break
+        if stage.output_bytes_per_example * examples_per_epoch <= memory_bytes:
+            best = index
+    return best
+
+
+def check_cache_position(stages: Sequence[Stage], position: Optional[int]) -> None:
+    """Raise UnsafeProposal when a cache after stage `position` would follow a random stage."""
+    if position is None:
+        return
+    random = [stage.name for stage in stages[: position + 1] if stage.random]
+    if random:
+        raise UnsafeProposal(
+            f"a cache after {stages[position].name} would follow the random stage {random[0]}: every epoch "
+            "would replay the first epoch's draws"
+        )
+
+
+def prefetch_depth(latency_s: float, consumer_period_s: float, batch_bytes: float, memory_bytes: float) -> int:
+    """Batches in flight to hide the producer's latency from the consumer (Little's law: latency /
+    period), plus one for its jitter; at most what `PREFETCH_MEMORY_SHARE` of the memory holds."""
+    wanted = math.ceil(latency_s / max(consumer_period_s, 1e-12) - 1e-9) + 1
+    fits = int(memory_bytes * PREFETCH_MEMORY_SHARE // max(batch_bytes, 1.0))
+    return max(1, min(wanted, MAX_PREFETCH, fits))
+
+
+def steps_per_execution(host_overhead_share: float, steps_per_epoch: int) -> int:
+    """Steps per compiled call that bring the host's share below 5 %: the overhead is paid once per
+    call, so N >= share / (1 - share) / 0.05 roughly; a power of two that divides the epoch."""
+    if host_overhead_share < HOST_OVERHEAD_SHARE:
+        return 1
+    wanted = host_overhead_share / max(1.0 - host_overhead_share, 1e-3) / 0.05
+    steps = 1
+    while steps < min(wanted, MAX_STEPS_PER_EXECUTION) and (not steps_per_epoch or steps_per_epoch % (steps * 2) == 0):
+        steps *= 2
+    return steps

@@ -1,0 +1,230 @@
+"""The per-stage picture of a training pipeline, from tf.data's own performance model, in a fresh process.
+
+`python -m bwopt.sweep.tune_probe OVERRIDES_JSON OUTPUT_JSON` composes bwopt's config with the
+overrides (a trial's), builds its training pipeline exactly as a run does (bwopt.inputs), reads
+batches from it alone (no model, no step) and asks TensorFlow for the iterator's analytical model
+(`tf.data.experimental.get_model_proto`, TensorFlow >= 2.15: per node, elements produced, its own
+processing time, bytes produced, buffer sizes and parameters) twice, after a warm-up and after a
+window of at least `WINDOW_S` seconds; the difference is the window's.
+
+The model exists only with tf.data's autotuning on, so the probe turns `pipeline.options.autotune`
+on (fixed parallelism and prefetch values stay as they are: autotune only tunes `autotune`
+values) and turns off the rewrites that merge stages (map-and-batch fusion, map parallelisation,
+parallel batch, injected prefetch), so that each stage is one node with its own time. When the
+maps run per element and could run on whole batches instead, the pipeline is probed a second
+time with `pipeline.vectorized_map=true`, for what its map costs per batch.
+
+The nodes on the pipeline's main chain become stages (bwopt.sweep.tune_decide.Stage): the source
+(with every node off the chain: files read through interleave, the positions zipped in), the maps
+(the one before shuffle is the deterministic cast or decode; those after it are random), shuffle
+and repeat (random; every stage after it counts as random for caching), batch. A node's cost per
+batch is its processing time over the window / the batches delivered.
+"""
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+WINDOW_S = 1.5
+MIN_BATCHES = 8
+MAX_BATCHES = 400
+WARMUP_BATCHES = 3
+MEASURING = [
+    "tracking=none",
+    "measure.ceilings=false",
+    "pipeline.options.autotune=true",
+    "pipeline.options.map_and_batch_fusion=false",
+    "pipeline.options.map_parallelization=false",
+    "pipeline.options.parallel_batch=false",
+    "pipeline.options.inject_prefetch=false",
+]
+KINDS = (  # (substring of the node's name, kind), first match wins
+    ("Prefetch", "skip"),
+    ("Root", "skip"),
+    ("Batch", "batch"),
+    ("Map", "map"),
+    ("Shuffle", "shuffle"),
+    ("Repeat", "shuffle"),
+    ("Cache", "skip"),
+    ("Zip", "skip"),
+)
+
+
+def node_kind(name: str) -> str:
+    return next((kind for part, kind in KINDS if part in name), "source")
+
+
+def cpu_time_s() -> float:
+    """This process's CPU time, user and system, every thread (getrusage)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def window(dataset) -> dict:
+    """The models before and after the window, its batches, wall seconds and CPU seconds."""
+    import tensorflow as tf
+
+    iterator = iter(dataset)
+    for _ in range(WARMUP_BATCHES):
+        next(iterator)
+    before = tf.data.experimental.get_model_proto(iterator)
+    started, cpu_started, batches = time.perf_counter(), cpu_time_s(), 0
+    while batches < MAX_BATCHES and (batches < MIN_BATCHES or time.perf_counter() - started < WINDOW_S):
+        next(iterator)
+        batches += 1
+    elapsed, cpu = time.perf_counter() - started, cpu_time_s() - cpu_started
+    after = tf.data.experimental.get_model_proto(iterator)
+    return {"before": before, "after": after, "batches": max(batches, 1), "s": elapsed, "cpu_s": cpu}
+
+
+def main_chain(model) -> List[int]:
+    """Node ids from the output down its first inputs (Zip's first input is the dataset itself)."""
+    chain, node = [], model.output
+    while node is not None and node in model.nodes:
+        chain.append(node)
+        inputs = list(model.nodes[node].inputs)
+        node = inputs[0] if inputs else None
+    return chain
+
+
+def stages_of(measured: dict, batch_size: int, source_name: str, io_bound_source: bool) -> List[dict]:
+    """The main chain's nodes as stages, source first: the nodes below the first other stage and
+    every node off the chain (files read through interleave, the positions zipped in) fold into it."""
+    before, after, batches = measured["before"], measured["after"], measured["batches"]
+
+    def delta(node_id: int, field: str) -> float:
+        old = before.nodes[node_id] if node_id in before.nodes else None
+        return getattr(after.nodes[node_id], field) - (getattr(old, field) if old is not None else 0)
+
+    chain = main_chain(after)
+    off_chain_ns = sum(delta(node, "processing_time") for node in after.nodes if node not in chain)
+    source = {"name": source_name, "node": "", "kind": "source", "cost_per_batch_s": off_chain_ns / 1e9 / batches}
+    source.update(parallel=io_bound_source, random=False, io_bound=io_bound_source, output_bytes_per_example=0.0)
+    stages, seen_shuffle, seen_batch = [source], False, False
+    for node_id in reversed(chain):
+        node = after.nodes[node_id]
+        kind = node_kind(node.name)
+        if kind == "skip":
+            continue
+        cost_s = delta(node_id, "processing_time") / 1e9 / batches
+        elements = max(delta(node_id, "num_elements"), 1)
+        examples_per_element = batch_size if seen_batch or kind == "batch" else 1
+        output_bytes = delta(node_id, "bytes_produced") / elements / examples_per_element
+        if kind == "source" and len(stages) == 1:
+            source["node"] = f"{source['node']} {node.name}".strip()
+            source["cost_per_batch_s"] += cost_s
+            source["output_bytes_per_example"] = output_bytes
+            continue
+        seen_shuffle |= kind == "shuffle"
+        name = {"shuffle": "shuffle, repeat", "batch": "batch"}.get(kind, node.name)
+        if kind == "map":
+            name = "map (vectorized)" if seen_batch else "map (augment)" if seen_shuffle else "map (cast)"
+        seen_batch |= kind == "batch"
+        stages.append(
+            {
+                "name": name,
+                "node": node.name,
+                "kind": kind if kind != "source" else "other",
+                "cost_per_batch_s": cost_s,
+                "parallel": kind == "map",
+                "random": seen_shuffle,
+                "io_bound": False,
+                "output_bytes_per_example": output_bytes,
+                "parameters": {parameter.name: parameter.value for parameter in node.parameters},
+            }
+        )
+    return scaled(stages, measured["cpu_s"] / batches)
+
+
+def scaled(stages: List[dict], cpu_per_batch_s: float) -> List[dict]:
+    """The CPU stages' costs scaled to add up to the CPU time the process spent per batch.
+
+    tf.data's model times each node's own work by the clock on the thread that runs it; what it
+    leaves out (function calls' fixed cost per element, the other threads an op used) is shared
+    out in proportion, so the costs are CPU time per batch, what the cores' budget is made of. An
+    I/O-bound source keeps its clock time: it waits, and waiting takes no core."""
+    cpu_stages = [stage for stage in stages if not stage["io_bound"]]
+    total = sum(stage["cost_per_batch_s"] for stage in cpu_stages)
+    for stage in stages:
+        stage["model_cost_per_batch_s"] = stage["cost_per_batch_s"]
+    if total <= 0 or cpu_per_batch_s <= 0:
+        return stages
+    for stage in cpu_stages:
+        stage["cost_per_batch_s"] *= cpu_per_batch_s / total
+    return stages
+
+
+def probe(overrides: List[str]) -> Dict[str, object]:
+    """The per-stage picture of the training pipeline these overrides configure."""
+    from hydra import compose, initialize_config_dir
+
+    from bwopt.app import config_dir, validate
+    from bwopt.data.sources import load_source
+    from bwopt.inputs import Inputs, plan
+
+    # the probe records nothing: the workload's tracking settings are not its own
+    kept = [item for item in overrides if not item.lstrip("+~").startswith(("tracking.", "tracking="))]
+
+    def configured(extra: List[str]):
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            return validate(compose(config_name="config", overrides=[*kept, *MEASURING, *extra]))
+
+    config = configured([])
+    source = load_source(config.data, config.seed, config.split.validation_fraction)
+    input_plan = plan(config, source)
+    files = getattr(source, "train_files", None)
+    reads_files = bool(files) or config.pipeline.tfrecord.enabled
+    source_name = "source (files)" if reads_files else "source"
+    batch_size = config.train.global_batch_size
+
+    def measure(cfg) -> dict:
+        return window(Inputs(cfg, source, input_plan).dataset(True, through_service=False))
+
+    measured = measure(config)
+    stages = stages_of(measured, batch_size, source_name, reads_files)
+    if getattr(source, "encoded_images", False):
+        for stage in stages:
+            stage["name"] = stage["name"].replace("map (cast)", "map (decode)")
+    vectorized_cost = None
+    maps = [stage for stage in stages if stage["kind"] == "map"]
+    if maps and not config.pipeline.vectorized_map and config.pipeline.preprocess != "imagenet":
+        # toggled: the whole pipeline's CPU time per batch with the maps on whole batches, less the
+        # other stages as measured per element
+        toggled = measure(configured(["pipeline.vectorized_map=true"]))
+        others = sum(stage["cost_per_batch_s"] for stage in stages if stage["kind"] != "map")
+        vectorized_cost = max(toggled["cpu_s"] / max(toggled["batches"], 1) - others, 0.0)
+    value_range = getattr(source, "value_range", None)
+    value_range = value_range() if callable(value_range) else value_range
+    in_byte_range = value_range is not None and value_range[0] >= 0 and value_range[1] <= 255
+    return {
+        "stages": stages,
+        "batch_size": batch_size,
+        "examples_per_epoch": input_plan.num_train_examples,
+        "steps_per_epoch": input_plan.steps_per_epoch,
+        "epochs": config.train.epochs,
+        "vectorized_map_cost_s": vectorized_cost,
+        "integer_features": bool(input_plan.integer_features and in_byte_range),
+        "feature_bytes_per_example": input_plan.bytes_per_example,
+        "num_files": len(files) if files and not config.pipeline.tfrecord.enabled else 0,
+        "batches": measured["batches"],
+        "window_s": measured["s"],
+        "seconds_per_batch": measured["s"] / max(measured["batches"], 1),
+        "cpu_seconds_per_batch": measured["cpu_s"] / max(measured["batches"], 1),
+    }
+
+
+def main(arguments: List[str]) -> int:
+    overrides_file, output_file = Path(arguments[0]), Path(arguments[1])
+    from bwopt.quiet import quiet
+
+    quiet(False)
+    picture = probe(json.loads(overrides_file.read_text()))
+    output_file.write_text(json.dumps(picture, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

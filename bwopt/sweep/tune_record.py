@@ -1,0 +1,222 @@
+"""What `tune` writes: each trial as read from its job folder, the table, the closing line, the plot
+of the path and tuned.yaml. No TensorFlow; matplotlib (Agg) for the plot only.
+
+A trial's figures come from its job folder (bwopt.sweep.results): throughput and its 95 % interval,
+the ceilings and efficiency (`measure.ceilings=true` in every trial), the step partition, the
+final val_accuracy, the job's wall time (job.json) and the CPU time its process used (getrusage
+of the sweeper's children around its launch, so start-up and the ceilings' blocks count too).
+"""
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from bwopt.measure.uncertainty import Comparison, compare, log_estimate
+from bwopt.sweep.results import read_job, read_summary
+
+TABLE_HEADER = (
+    "| trial | change | reason | throughput, examples/s (95 % CI) | × start | of min(ceilings) | kept |\n"
+    "|---|---|---|---|---|---|---|"
+)
+
+
+@dataclass
+class Trial:
+    """One tuning trial: what it changed and what it measured.
+
+    Attributes:
+        number: its job number (its folder in the sweep folder).
+        change: the proposal's name ("start" for the first).
+        reason: why it was proposed, with numbers.
+        overrides: tune's own overrides it ran with (key -> value), on top of the workload's.
+        throughput, ci95: examples/s and its 95 % interval (None when the job failed).
+        compute_ceiling, input_ceiling: examples/s (None when not measured).
+        step_partition: part -> share of step time.
+        val_accuracy: the final validation accuracy.
+        wall_s, cpu_s: the job's process, start to end.
+        kept: it beat the incumbent beyond the noise (the start is kept).
+        against_incumbent: the comparison that decided, when there was one.
+        note: why it was reverted, or other words for the table.
+    """
+
+    number: int
+    change: str
+    reason: str
+    overrides: Dict[str, str]
+    throughput: Optional[float] = None
+    ci95: Optional[List[float]] = None
+    compute_ceiling: Optional[float] = None
+    input_ceiling: Optional[float] = None
+    step_partition: Dict[str, float] = field(default_factory=dict)
+    val_accuracy: Optional[float] = None
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    kept: bool = False
+    against_incumbent: Optional[Comparison] = None
+    note: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.throughput is None
+
+    @property
+    def ceiling(self) -> Optional[float]:
+        ceilings = [value for value in (self.compute_ceiling, self.input_ceiling) if value]
+        return min(ceilings) if ceilings else None
+
+    @property
+    def ceiling_name(self) -> str:
+        if self.input_ceiling and (not self.compute_ceiling or self.input_ceiling <= self.compute_ceiling):
+            return "input ceiling"
+        return "compute ceiling"
+
+    @property
+    def of_ceiling(self) -> Optional[float]:
+        return self.throughput / self.ceiling if self.throughput and self.ceiling else None
+
+    def overrides_text(self) -> List[str]:
+        return [f"{key}={value}" for key, value in self.overrides.items()]
+
+    @property
+    def estimate(self):
+        return log_estimate([self.throughput], [self.ci95])
+
+
+def read_trial(folder: Path, trial: Trial) -> Trial:
+    """`trial` with the figures of its job folder filled in."""
+    job = read_job(folder)
+    summary = read_summary(folder) or {}
+    measurements = summary.get("measurements") or {}
+    figures = summary.get("figures") or {}
+    trial.throughput, trial.ci95 = job.throughput, job.throughput_ci95
+    trial.compute_ceiling = measurements.get("compute_ceiling_examples_per_s")
+    trial.input_ceiling = measurements.get("input_ceiling_examples_per_s")
+    trial.step_partition = figures.get("step_partition") or {}
+    trial.val_accuracy = job.val_accuracy
+    return trial
+
+
+def against(candidate: Trial, incumbent: Trial) -> Comparison:
+    """candidate / incumbent with the ratio's 95 % interval (bwopt.measure.uncertainty)."""
+    return compare(candidate.estimate, incumbent.estimate)
+
+
+def ratio_text(comparison: Comparison) -> str:
+    low, high = comparison.ci95
+    return f"×{comparison.ratio:.2f} (95 % CI ×{low:.2f}–×{high:.2f})"
+
+
+def figure_text(trial: Trial) -> str:
+    if trial.failed:
+        return "failed"
+    interval = f" ({trial.ci95[0]:,.0f}–{trial.ci95[1]:,.0f})" if trial.ci95 else ""
+    return f"{trial.throughput:,.0f}{interval}"
+
+
+def table(trials: Sequence[Trial]) -> str:
+    """The path as Markdown: one row per trial."""
+    start = trials[0]
+    rows = [TABLE_HEADER]
+    for trial in trials:
+        ratio = "" if trial.failed or start.failed else f"×{against(trial, start).ratio:.2f}"
+        of_ceiling = f"{trial.of_ceiling:.2f} ({trial.ceiling_name})" if trial.of_ceiling else ""
+        changed = ", ".join(f"`{key}={value}`" for key, value in trial.overrides.items()) if trial.number else ""
+        change = f"{trial.change}: {changed}" if changed else trial.change
+        kept = "yes" if trial.kept else f"no: {trial.note}" if trial.note else "no"
+        cells = [str(trial.number), change, trial.reason.replace("|", "/"), figure_text(trial), ratio, of_ceiling, kept]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def stage_table(picture: dict) -> str:
+    """The probe's per-stage picture of the start as Markdown: what each stage costs per batch."""
+    rows = [
+        "| stage | kind | ms per batch (one core) | parallel | random | bytes per example out |",
+        "|---|---|---|---|---|---|",
+    ]
+    for stage in picture["stages"]:
+        cells = [
+            stage["name"],
+            stage["kind"],
+            f"{stage['cost_per_batch_s'] * 1e3:,.2f}" + (" (waits)" if stage.get("io_bound") else ""),
+            "yes" if stage.get("parallel") else "no",
+            "yes" if stage.get("random") else "no",
+            f"{stage.get('output_bytes_per_example', 0):,.0f}",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def closing_line(start: Trial, final: Trial, num_runs: int, elapsed_s: float) -> str:
+    """'tuned: ×3.1 over the start (95 % CI ×2.8–×3.4), 0.93 of the input ceiling, 4 runs, 2 min'."""
+    minutes = f"{elapsed_s / 60:.0f} min" if elapsed_s >= 90 else f"{elapsed_s:.0f} s"
+    if start.failed or final.failed:
+        return f"tuned: nothing measured to compare, {num_runs} runs, {minutes}"
+    if final is start:
+        gain = "no change beat the start beyond the noise"
+    else:
+        comparison = against(final, start)
+        low, high = comparison.ci95
+        gain = f"×{comparison.ratio:.1f} over the start (95 % CI ×{low:.1f}–×{high:.1f})"
+    ceiling = f", {final.of_ceiling:.2f} of the {final.ceiling_name}" if final.of_ceiling else ""
+    return f"tuned: {gain}{ceiling}, {num_runs} runs, {minutes}"
+
+
+def tuned_overrides(base: Sequence[str], overrides: Dict[str, str]) -> List[str]:
+    """The workload's overrides (without tune's own) followed by what tune kept."""
+    kept_keys = set(overrides)
+    workload = [item for item in base if item.split("=", 1)[0].lstrip("+~") not in kept_keys]
+    return [*workload, *(f"{key}={value}" for key, value in overrides.items())]
+
+
+def write_tuned(path: Path, base: Sequence[str], overrides: Dict[str, str]) -> Path:
+    """tuned.yaml: one override per line, no comments, so `python -m bwopt $(cat tuned.yaml)` runs it
+    (and YAML reads it as one string of them)."""
+    path.write_text("\n".join(tuned_overrides(base, overrides)) + "\n")
+    return path
+
+
+def plot_path(trials: Sequence[Trial], path: Path) -> Path:
+    """Throughput per trial with its interval (kept trials joined: the incumbent's path) against the
+    compute and input ceilings each trial measured; the axis starts at 0."""
+    from bwopt.run_plots import legend_outside, new_figure, save_figure, titled
+
+    figure = new_figure(7.5, 4.5)
+    axes = figure.add_subplot()
+    measured = [trial for trial in trials if not trial.failed]
+    for trial in measured:
+        low, high = trial.ci95 or (trial.throughput, trial.throughput)
+        axes.errorbar(
+            trial.number,
+            trial.throughput,
+            # a one-block interval is the throughput itself, up to rounding: never a negative whisker
+            yerr=[[max(trial.throughput - low, 0.0)], [max(high - trial.throughput, 0.0)]],
+            fmt="o" if trial.kept else "x",
+            color="tab:blue" if trial.kept else "tab:gray",
+            capsize=3,
+        )
+    path_trials, incumbent = [], None
+    for trial in trials:
+        incumbent = trial if trial.kept else incumbent
+        if incumbent is not None:
+            path_trials.append((trial.number, incumbent.throughput))
+    if path_trials:
+        axes.step(*zip(*path_trials), where="post", color="tab:blue", label="incumbent (kept trials)")
+    for name, color in (("compute_ceiling", "tab:red"), ("input_ceiling", "tab:green")):
+        points = [(trial.number, getattr(trial, name)) for trial in trials if getattr(trial, name)]
+        if points:
+            axes.plot(*zip(*points), linestyle="--", marker=".", color=color, label=name.replace("_", " "))
+    axes.set_xticks([trial.number for trial in trials])
+    axes.set_xlabel("trial")
+    axes.set_ylabel("examples/s")
+    top = max([trial.ci95[1] if trial.ci95 else trial.throughput for trial in measured] + [1.0])
+    ceilings = [trial.ceiling for trial in trials if trial.ceiling]
+    axes.set_ylim(0, max(top, min(ceilings) if ceilings else 0) * 1.15)
+    titled(axes, "tune: throughput per trial", "dots kept, crosses reverted; whiskers: each run's 95 % interval")
+    legend_outside(axes)
+    return save_figure(figure, path)
+
+
+def cores_used(trial: Trial) -> Optional[float]:
+    return trial.cpu_s / trial.wall_s if trial.wall_s > 0 and not math.isnan(trial.cpu_s) else None

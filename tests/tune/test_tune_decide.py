@@ -1,0 +1,249 @@
+"""tune's decisions against the analytic optimum, on stages whose costs are known.
+
+The stages are built from the `artificial` source's configured latencies (conf/data/artificial.yaml:
+every element of a file sleeps `element_latency_s`, every step `step_compute_s`), so the right
+answer is arithmetic: a reader delivers a batch every batch x latency seconds, so keeping up with
+a step of `step_compute_s` needs ceil(batch x latency / step) files read at once; a CPU stage of T
+seconds per batch on C cores shared with the step runs at most C / (sum T + step) batches/s;
+Little's law gives the batches in flight that hide a latency L from a consumer served every P
+seconds. Pure functions: no TensorFlow, no process.
+"""
+
+import itertools
+import math
+import random
+
+import pytest
+from conftest import compose_config
+
+from bwopt.app import validate
+from bwopt.sweep.tune_decide import (
+    BATCH,
+    MAP,
+    SHUFFLE,
+    SOURCE,
+    Budget,
+    Profile,
+    Stage,
+    UnsafeProposal,
+    cache_position,
+    check_cache_position,
+    prefetch_depth,
+    steps_per_execution,
+    water_fill,
+)
+from bwopt.sweep.tune_plan import plan
+
+MIB = 2**20
+# Overrides tune may propose: each keeps the examples and the math (tests/test_same_examples.py).
+SAME_EXAMPLES_KEYS = {
+    "pipeline.map_parallelism",
+    "pipeline.prefetch",
+    "pipeline.cache",
+    "pipeline.vectorized_map",
+    "pipeline.transfer_dtype",
+    "pipeline.interleave.cycle_length",
+    "pipeline.interleave.num_parallel_calls",
+    "train.steps_per_execution",
+}
+
+
+@pytest.fixture(scope="module")
+def artificial():
+    """The artificial source with known latencies: 2 ms an element, 8 ms a step, 6 files, batch 32."""
+    return validate(
+        compose_config(
+            [
+                "data=artificial",
+                "split=uniform",
+                "data.num_files=6",
+                "data.element_latency_s=0.002",
+                "data.step_compute_s=0.008",
+                "train.global_batch_size=32",
+            ]
+        )
+    )
+
+
+def artificial_profile(config, **changes) -> Profile:
+    """The artificial pipeline's stages as the probe reports them: a reader that waits, a cast, shuffle, batch."""
+    data, batch = config.data, config.train.global_batch_size
+    feature_bytes = 4 * math.prod(data.feature_shape)
+    num_train_files = data.num_files - max(1, round(config.split.validation_fraction * data.num_files))
+    stages = (
+        Stage("source (files)", SOURCE, batch * data.element_latency_s, True, False, feature_bytes, io_bound=True),
+        Stage("map (cast)", MAP, 0.002, True, False, feature_bytes),
+        Stage("shuffle, repeat", SHUFFLE, 0.0005, False, True, feature_bytes),
+        Stage("batch", BATCH, 0.0005, False, True, feature_bytes),
+    )
+    settings = dict(
+        stages=stages,
+        batch_size=batch,
+        examples_per_epoch=num_train_files * data.examples_per_file,
+        step_time_s=data.step_compute_s,
+        feature_bytes_per_example=feature_bytes + 4,
+        num_files=num_train_files,
+        steps_per_epoch=num_train_files * data.examples_per_file // batch,
+        epochs=config.train.epochs,
+    )
+    return Profile(**{**settings, **changes})
+
+
+def test_interleave_width_keeps_the_reader_up_with_the_step(artificial):
+    profile = artificial_profile(artificial, epochs=1)  # one epoch: a cache would save nothing
+    data, batch = artificial.data, artificial.train.global_batch_size
+    proposals = {proposal.name: proposal for proposal in plan(profile, Budget(2, 1e9), {})}
+    # 32 elements x 2 ms = 64 ms a batch per reader; a step every 8 ms: 8 readers, but only the 5 training files
+    analytic = min(math.ceil(batch * data.element_latency_s / data.step_compute_s), profile.num_files)
+    assert profile.num_files == 5 and analytic == 5
+    overrides = proposals["parallelize"].overrides
+    assert overrides["pipeline.interleave.cycle_length"] == str(analytic)
+    assert overrides["pipeline.interleave.num_parallel_calls"] == str(analytic)
+    assert "64.0 ms per batch" in proposals["parallelize"].reason
+
+
+def test_interleave_width_below_the_files_when_fewer_readers_keep_up(artificial):
+    profile = artificial_profile(artificial, num_files=40, epochs=1)
+    width = plan(profile, Budget(2, 1e9), {})[0].overrides["pipeline.interleave.cycle_length"]
+    assert width == "8"  # ceil(64 ms / 8 ms): the step is then the bottleneck
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("costs", [(1.075,), (0.3, 0.1), (0.5, 0.2, 0.05), (0.01, 0.4)])
+def test_water_filling_reaches_the_minimax_optimum(costs, cores):
+    """max(T_i / p_i) under sum(p_i) <= cores (the stages' threads): water-filling hits the brute-force optimum."""
+    stages = [Stage(f"map {index}", MAP, cost, parallel=True) for index, cost in enumerate(costs)]
+    threads = water_fill(stages, 0.0, cores)
+    achieved = max(stage.cost_per_batch_s / threads[stage.name] for stage in stages)
+    best = min(
+        max(cost / count for cost, count in zip(costs, allocation))
+        for allocation in itertools.product(range(1, cores + 1), repeat=len(costs))
+        if sum(allocation) <= max(cores, len(costs))
+    )
+    # the CPU bound (sum T / cores) can sit below the best integer split; never above it
+    assert achieved <= best + 1e-12
+    assert achieved >= max(sum(costs) / cores, best) - 1e-12 or sum(threads.values()) > cores
+
+
+def test_the_issues_example_gives_parallelism_two():
+    """'map: 2.1 ms/element x 512 per batch -> 1,075 ms per batch on one core; 2 cores -> parallelism 2'."""
+    stage = Stage("map (augment)", MAP, 0.0021 * 512, parallel=True, random=True)
+    assert water_fill([stage], 0.0, 2) == {"map (augment)": 2}
+
+
+def test_a_sequential_stage_caps_the_water_level():
+    stages = [Stage("map", MAP, 0.010, parallel=True), Stage("shuffle", SHUFFLE, 0.020)]
+    # shuffle delivers a batch every 20 ms whatever the threads: the map needs only one of 8 cores
+    assert water_fill(stages, 0.0, 8) == {"map": 1, "shuffle": 1}
+
+
+def test_cache_goes_after_the_last_deterministic_stage_that_fits():
+    stages = [
+        Stage("source", SOURCE, 0.01, output_bytes_per_example=100),
+        Stage("decode", MAP, 0.05, True, output_bytes_per_example=10_000),
+        Stage("shuffle", SHUFFLE, 0.001, random=True, output_bytes_per_example=10_000),
+        Stage("augment", MAP, 0.05, True, random=True, output_bytes_per_example=10_000),
+    ]
+    assert cache_position(stages, 1000, 100 * MIB) == 1  # decoded: 10 MB fit
+    assert cache_position(stages, 1000, 1 * MIB) == 0  # only the encoded bytes fit
+    assert cache_position(stages, 1000, 1000) is None  # nothing fits
+
+
+def test_caching_after_a_random_stage_is_refused():
+    stages = [
+        Stage("source", SOURCE, 0.01),
+        Stage("augment", MAP, 0.05, True, random=True),
+        Stage("cast", MAP, 0.01, True),
+    ]
+    check_cache_position(stages, 0)
+    with pytest.raises(UnsafeProposal, match="random stage augment"):
+        check_cache_position(stages, 2)  # the cast is deterministic, but it follows the augmentation
+
+
+def test_no_plan_ever_caches_after_a_random_stage():
+    """Random pipelines, random costs: every cache tune proposes passes the check, before the first random stage."""
+    generator = random.Random(0)
+    for _ in range(300):
+        kinds = [MAP, MAP, SHUFFLE, MAP, BATCH]
+        stages, seen_random = [Stage("source", SOURCE, generator.uniform(0, 0.02), output_bytes_per_example=64)], False
+        for index, kind in enumerate(generator.sample(kinds, k=generator.randint(2, 5))):
+            seen_random |= kind == SHUFFLE or generator.random() < 0.3
+            cost = generator.uniform(0.001, 0.2)
+            stages.append(Stage(f"{kind} {index}", kind, cost, kind == MAP, seen_random, 64))
+        profile = Profile(tuple(stages), 64, 1000, generator.uniform(0.001, 0.05), epochs=3)
+        position = cache_position(profile.stages, profile.examples_per_epoch, 1e9)
+        check_cache_position(profile.stages, position)
+        for proposal in plan(profile, Budget(generator.randint(1, 8), 1e9), {}):
+            assert set(proposal.overrides) <= SAME_EXAMPLES_KEYS
+            if "pipeline.cache" in proposal.overrides:
+                first_random = next(
+                    index for index, stage in enumerate(stages) if stage.random or stage.kind == SHUFFLE
+                )
+                assert position is not None and position < first_random
+
+
+def test_prefetch_depth_is_littles_law_plus_one(artificial):
+    """A reader's 64 ms batch latency over 5 files (12.8 ms a batch), consumed every 12.8 ms: 5 + 1 in flight."""
+    assert prefetch_depth(0.064, 0.0128, 1 * MIB, 1e9) == 6
+    assert prefetch_depth(0.005, 0.010, 1 * MIB, 1e9) == 2  # a fast producer: one ahead, one for jitter
+    assert prefetch_depth(0.064, 0.0128, 100 * MIB, 1000 * MIB) == 1  # only one batch fits in 10 % of the memory
+
+
+def test_cache_first_when_epochs_repeat_the_slow_reader(artificial):
+    """Ten epochs of a reader that sleeps: caching after the cast removes it from nine of them."""
+    proposals = plan(artificial_profile(artificial), Budget(2, 1e9), {})
+    assert proposals[0].overrides == {"pipeline.cache": "memory"}
+    assert "stages up to map (cast) are deterministic" in proposals[0].reason
+    assert all(
+        "pipeline.cache" not in proposal.overrides
+        for proposal in plan(artificial_profile(artificial), Budget(2, 1e3), {})
+    )
+
+
+def test_plan_orders_by_gain_and_sets_prefetch_from_the_model(artificial):
+    profile = artificial_profile(artificial, epochs=1)
+    proposals = plan(profile, Budget(2, 1e9), {})
+    assert proposals[0].name == "parallelize"  # the reader is the bottleneck by far
+    prefetch = next(proposal for proposal in proposals if proposal.name == "prefetch")
+    # after the reader's 5 files: 64 / 5 = 12.8 ms a batch through the reader, + the cast and batch
+    latency = 0.064 / 5 + 0.002 / 1 + 0.0005 + 0.0005
+    period = max(0.064 / 5, artificial.data.step_compute_s)
+    assert prefetch.overrides["pipeline.prefetch"] == str(math.ceil(latency / period) + 1)
+    times = [proposal.predicted_batch_time_s for proposal in proposals]
+    assert times == sorted(times, reverse=True)  # each on top of the last: the model's time only falls
+
+
+def test_after_a_revert_the_rest_are_weighed_on_what_was_kept(artificial):
+    """The reader read 5 files at once in the first plan's model; reverted, it reads one again."""
+    profile, budget = artificial_profile(artificial, epochs=1), Budget(2, 1e9)
+    first = plan(profile, budget, {})
+    assert plan(profile, budget, {}, kept=[first[0].name]) == first  # kept: the same plan replayed
+    prefetch = next(proposal for proposal in first if proposal.name == "prefetch")
+    assert "a batch takes 15.8 ms through the stages" in prefetch.reason  # 64 / 5 + 2 + 0.5 + 0.5
+    again = plan(profile, budget, {}, rejected=["parallelize"])
+    assert [proposal.name for proposal in again] == [p.name for p in first if p.name != "parallelize"]
+    prefetch = next(proposal for proposal in again if proposal.name == "prefetch")
+    assert "a batch takes 67.0 ms through the stages" in prefetch.reason  # 64 + 2 + 0.5 + 0.5
+    assert again[-1].predicted_batch_time_s > first[-1].predicted_batch_time_s
+    with pytest.raises(ValueError, match="unknown proposal"):
+        plan(profile, budget, {}, rejected=["parallelise"])
+
+
+def test_steps_per_execution_only_when_host_overhead_dominates():
+    assert steps_per_execution(0.05, 100) == 1
+    assert steps_per_execution(0.5, 128) == 32  # 0.5 / 0.5 / 0.05 = 20 -> the next power of two
+    assert steps_per_execution(0.5, 24) == 8  # it must divide the epoch's 24 steps
+
+
+def test_vectorising_is_proposed_only_when_it_is_cheaper():
+    stages = (
+        Stage("source", SOURCE, 0.002, output_bytes_per_example=3076),
+        Stage("map (cast)", MAP, 0.006, True, False, 12292),
+        Stage("shuffle, repeat", SHUFFLE, 0.0015, False, True, 12292),
+        Stage("map (augment)", MAP, 0.110, True, True, 12292),
+        Stage("batch", BATCH, 0.003, False, True, 12292),
+    )
+    cheaper = Profile(stages, 512, 13107, 0.0096, vectorized_map_cost_s=0.060, integer_features=True, epochs=3)
+    dearer = Profile(stages, 512, 13107, 0.0096, vectorized_map_cost_s=0.200, integer_features=True, epochs=3)
+    assert plan(cheaper, Budget(2, 4e9), {})[0].overrides == {"pipeline.vectorized_map": "true"}
+    assert all("pipeline.vectorized_map" not in proposal.overrides for proposal in plan(dearer, Budget(2, 4e9), {}))

@@ -1,0 +1,13 @@
+"""tune's record of its trials: the path plot, from trials built by hand (no TensorFlow, no process)."""
+
+from bwopt.sweep.tune_record import Trial, plot_path
+
+
+def test_the_path_plots_a_one_block_interval_a_rounding_step_above_its_throughput(tmp_path):
+    """A run of few timed steps has one block: its interval is its throughput, recomputed, and can
+    sit one rounding step above it (2434.5321187167046 for 2434.532118716705, seen in a trial)."""
+    start = Trial(0, "start", "the workload as given", {}, 2434.532118716705, [2434.5321187167046] * 2, kept=True)
+    reverted = Trial(1, "prefetch", "…", {"pipeline.prefetch": "3"}, 2087.5764780647596, [2087.5764780647596] * 2)
+    measured = Trial(2, "vectorize", "…", {"pipeline.vectorized_map": "true"}, 5000.0, [4000.0, 6000.0], 9000.0, 7000.0)
+    path = plot_path([start, reverted, measured], tmp_path / "tune_path.png")
+    assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
