@@ -45,3 +45,10 @@ def redacted_copy(folder: Path, into: Path) -> Path:
     for path in folder.glob("*.yaml"):
         (into / path.name).write_text(yaml.safe_dump(redact(yaml.safe_load(path.read_text())), sort_keys=False))
     return into
+
+
+def redact_in_place(folder: Path) -> None:
+    """The YAML files Hydra wrote into `folder` (a run's .hydra/, a sweep's multirun.yaml) with
+    secrets masked: Hydra writes them before bwopt runs."""
+    if folder.is_dir():
+        redacted_copy(folder, folder)

@@ -51,7 +51,7 @@ class MlflowTracking(TrackingConfig):
     tags: Dict[str, str] = field(default_factory=dict)
     # MLflow's sampler of CPU, memory, disk, network and GPU use, every interval (system/... metrics).
     system_metrics: bool = True
-    system_metrics_interval_s: float = 5.0
+    system_metrics_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.experiment.strip():

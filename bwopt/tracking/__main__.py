@@ -1,0 +1,5 @@
+import sys
+
+from bwopt.tracking.cli import main
+
+sys.exit(main())
