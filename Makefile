@@ -4,22 +4,26 @@ PYTHON := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
 
-# The editable install's compat mode gives the hydra_plugins namespace a real folder, which Hydra's
-# plugin scan needs (the default mode maps it through a placeholder); its transitional notice is
-# not for users, hence PYTHONWARNINGS.
+# An editable install in setuptools' default mode (bwopt registers its Hydra plugins itself, see
+# bwopt/plugins.py); the notice setuptools prints about editable installs is not for users, hence
+# PYTHONWARNINGS.
 $(VENV)/.installed: pyproject.toml
 	@echo "bwopt: installing into $(VENV) (once)"
 	@python3 -m venv $(VENV)
 	@$(PYTHON) -m pip install --quiet --upgrade pip
-	@PYTHONWARNINGS=ignore $(PYTHON) -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+	@PYTHONWARNINGS=ignore $(PYTHON) -m pip install --quiet -e '.[test]'
 	@touch $@
 
-.PHONY: run test benchmark
+.PHONY: run test test-fast benchmark
 run: $(VENV)/.installed
 	$(PYTHON) -m bwopt $(ARGS)
 
 test: $(VENV)/.installed
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+# The fast tier: the tests that start no process and take well under a second each.
+test-fast: $(VENV)/.installed
+	$(PYTHON) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 benchmark: $(VENV)/.installed
 	$(PYTHON) benchmarks/run_all.py

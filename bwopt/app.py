@@ -12,9 +12,12 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bwopt.cluster import ClusterError
+from bwopt.cluster import ClusterEnvironmentError, ClusterError, PeerLost
 from bwopt.data.records import DataError
+from bwopt.disk import disk_full
+from bwopt.plugins import register_plugins
 from bwopt.quiet import quiet
+from bwopt.redact import redact_in_place
 from bwopt.schema import Config, ConfigError, register_configs, unknown_key_message
 from bwopt.schema.checks import check_known_and_finite
 from bwopt.signals import STOP
@@ -49,73 +52,115 @@ def run_job(cfg: DictConfig) -> float:
     device or tracking store that is not there, with code 3; neither leaves an MLflow run."""
     from hydra.core.hydra_config import HydraConfig
 
+    hydra = HydraConfig.get()
+    output_dir = Path(hydra.runtime.output_dir)
+    redact_in_place(output_dir / ".hydra")  # Hydra wrote the config, secrets and all, before this job began
     try:
         config = validate(cfg)
-        hydra = HydraConfig.get()
-        output_dir = Path(hydra.runtime.output_dir)
         if output_dir.resolve() == Path.cwd().resolve():
             raise ConfigError(
                 f"hydra.run.dir={hydra.run.dir!r} is the working directory, where the run's files would "
                 "overwrite yours; give it a folder of its own, e.g. hydra.run.dir=outputs/my_run"
             )
-        quiet(config.verbose)  # before bwopt.run imports TensorFlow and MLflow
-        from bwopt.run import run
+        quiet(config.verbose)  # before bwopt.launch imports TensorFlow and MLflow
+        from bwopt.launch import launch
 
-        if config.cluster.name != "none":  # a task of a cluster, or the launcher of a local one
-            from bwopt.cluster import run_in_cluster as run
         resolved = OmegaConf.to_container(cfg, resolve=True)
-        summary = run(config, output_dir=output_dir, resolved=resolved, overrides=list(hydra.overrides.task))
+        summary = launch(config, output_dir, resolved, list(hydra.overrides.task))
     except ConfigError as error:
         print(f"bwopt: invalid config: {error}", file=sys.stderr)
         sys.exit(EXIT_INVALID_CONFIG)
     except DataError as error:  # before the run, or during it (the MLflow run is then FAILED)
         print(f"bwopt: bad data: {error}", file=sys.stderr)
         sys.exit(EXIT_INVALID_CONFIG)
+    except ClusterEnvironmentError as error:  # TF_CONFIG or SLURM's variables, before TensorFlow
+        print(f"bwopt: invalid cluster environment: {error}", file=sys.stderr)
+        sys.exit(EXIT_INVALID_CONFIG)
     except UNAVAILABLE as error:
         print(f"bwopt: {error}", file=sys.stderr)
         sys.exit(EXIT_UNAVAILABLE)
+    except PeerLost as error:  # the task that went away is the cause (a local cluster's launcher names it)
+        print(f"bwopt: {error}", file=sys.stderr)
+        sys.exit(1)
     except ClusterError as error:
         print(f"bwopt: cluster failed: {error}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as error:  # checked up front; another writer can still fill the disk during the run
+        full = disk_full(error)
+        if full is None:
+            raise
+        where = f" writing {full.filename}" if full.filename else ""
+        print(
+            f"bwopt: the disk filled during the run{where} ({full.strerror}); the run ended FAILED and "
+            "its MLflow run keeps what was measured; free some space and run again",
+            file=sys.stderr,
+        )
         sys.exit(1)
     return summary.objective
 
 
 def _unavailable_errors() -> tuple:
     """What the machine or its services lack (no TensorFlow or MLflow import: these modules are light)."""
+    from bwopt.cluster import ClusterUnavailable
     from bwopt.data.service import ServiceUnavailable
     from bwopt.devices import DeviceError
     from bwopt.tracking import TrackingUnavailable
 
-    return (DeviceError, ServiceUnavailable, TrackingUnavailable)
+    return (DeviceError, ServiceUnavailable, TrackingUnavailable, ClusterUnavailable)
 
 
 UNAVAILABLE = _unavailable_errors()
 
 
 register_configs()
+register_plugins()  # before Hydra composes: its scan misses them in a default editable install
 hydra_main = hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")(run_job)
 
 
 def unwritable_run_folder(arguments) -> Optional[str]:
-    """Why the run folder given on the command line cannot be made, or None.
+    """Why the run folder given on the command line cannot be used, or None.
 
     Hydra makes the folder before bwopt runs and answers a failure with a traceback; its fixed
-    part (up to the first `${...}`) is made here first, as Hydra would make it.
+    part (up to the first `${...}`) is made here first, as Hydra would make it, and must have room
+    for a run's files. An existing `hydra.run.dir` or `hydra.sweep.dir` that holds files no run or
+    sweep wrote is the user's: Hydra and the run would overwrite its config.yaml, summary.json, plots
+    (a sweep's: its numbered folders, multirun.yaml, report files).
     """
+    from bwopt.disk import RUN_FOLDER_MIN_BYTES, make_folder
+
     for argument in arguments:
         key, _, value = argument.partition("=")
-        if key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and value.strip("'\""):
+        key = key.lstrip("+")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value.strip("'\""):
             fixed = value.strip("'\"").split("${", 1)[0]
+            folder = Path(fixed or ".")
+            held = sorted(path.name for path in folder.iterdir()) if folder.is_dir() else []
             try:
-                Path(fixed or ".").mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                reason = f"{error.strerror}: {error.filename}"
-                return f"{key}={value}: the run folder cannot be made ({reason}); give a writable folder"
+                make_folder(key, folder, RUN_FOLDER_MIN_BYTES, value)
+            except ConfigError as error:
+                return str(error)
+            whole = fixed == value.strip("'\"")
+            if whole and held and not written_by_bwopt(key, folder, held):
+                what = "run" if key == "hydra.run.dir" else "sweep"
+                return (
+                    f"{key}={value} already holds files no {what} wrote ({', '.join(held[:4])}"
+                    f"{', …' if len(held) > 4 else ''}), which the {what} would overwrite; give a new or empty folder, "
+                    f"e.g. {key}={folder / what}"
+                )
     return None
 
 
+def written_by_bwopt(key: str, folder: Path, held) -> bool:
+    """Whether an existing run or sweep folder is one a run or sweep wrote: a run's holds `.hydra/`;
+    a sweep's Hydra's `multirun.yaml`, a report, or job folders with `.hydra/`."""
+    if key == "hydra.run.dir":
+        return ".hydra" in held
+    return bool({"multirun.yaml", "report.md"} & set(held)) or any((folder / name / ".hydra").is_dir() for name in held)
+
+
 def main() -> None:
-    # Set explicitly: a process started in the background inherits SIGINT ignored.
+    # Set explicitly: a process started in the background inherits SIGINT ignored. SIGHUP (the
+    # terminal or SSH session closed) ends the run as SIGTERM does, KILLED with its records.
     STOP.install()
     for argument in sys.argv[1:]:
         message = unknown_key_message(argument)

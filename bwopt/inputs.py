@@ -10,6 +10,8 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
+from bwopt.data.custom import DatasetSource
+from bwopt.data.images import ImageFileSource
 from bwopt.data.sources import ArraySource
 from bwopt.data.split import shard, train_validation_split
 from bwopt.measure.timing import StepPlan
@@ -23,7 +25,8 @@ class InputPlan:
     """Sizes fixed before any TensorFlow work.
 
     Attributes:
-        train_indices, validation_indices: example indices of an ArraySource (None for files).
+        train_indices, validation_indices: example indices of an ArraySource or of the files of
+            an ImageFileSource (None for other files and the user's datasets).
         num_train_examples, num_validation_examples: examples in each split.
         steps_per_epoch: training steps per epoch.
         steps: which steps of the run are timed (`step_plan`).
@@ -52,7 +55,7 @@ def transfer_itemsize(dtype: str) -> int:
 def plan(config, source) -> InputPlan:
     """Split the source and size the epoch; raises ConfigError when nothing would be timed."""
     train_indices = validation_indices = None
-    if isinstance(source, ArraySource):
+    if isinstance(source, (ArraySource, ImageFileSource)):  # held out by example, or by image file
         train_indices, validation_indices = train_validation_split(
             source.labels, config.split.name, config.split.validation_fraction, config.seed
         )
@@ -106,48 +109,6 @@ def plan(config, source) -> InputPlan:
 def steps_per_execution(config) -> int:
     """Training steps per loop step: `train.steps_per_execution` in mode=train, else 1."""
     return config.train.steps_per_execution if config.mode == "train" else 1
-
-
-def available_memory_bytes() -> int:
-    """Physical memory free for this run now (Linux: available pages; elsewhere all of it)."""
-    import os
-
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 2**62
-
-
-def check_fits_in_memory(config, available_bytes: Optional[int] = None) -> None:
-    """Refuse, before anything is loaded, data and batches that cannot fit in memory.
-
-    Counted: a synthetic data set as it is generated (float32, before a uint8 conversion), and the
-    largest training or inference batch as float32 model inputs, times 4 for the activations and
-    gradients beside them (a floor: a wide model needs more).
-    """
-    available = available_memory_bytes() if available_bytes is None else available_bytes
-    data = config.data
-    shape = data.image_shape if data.name == "synthetic" else getattr(data, "feature_shape", [8, 8, 1])
-    example_bytes = int(np.prod(shape)) * 4
-
-    def refuse(key: str, value, needed: int) -> None:
-        raise ConfigError(
-            f"{key}={value} needs about {needed / 2**30:,.1f} GiB, but {available / 2**30:,.1f} GiB of memory "
-            "is free; lower it"
-        )
-
-    if data.name == "synthetic" and data.num_examples * example_bytes > 0.8 * available:
-        refuse(
-            f"data.num_examples (of data.image_shape={list(shape)})",
-            data.num_examples,
-            data.num_examples * example_bytes,
-        )
-    batch = config.train.global_batch_size
-    if batch * example_bytes * 4 > 0.5 * available:
-        refuse("train.global_batch_size", batch, batch * example_bytes * 4)
-    sizes = config.measure.inference_batch_sizes
-    if sizes and max(sizes) * example_bytes * 4 > 0.5 * available:
-        refuse("measure.inference_batch_sizes", list(sizes), max(sizes) * example_bytes * 4)
 
 
 def step_plan(config, steps_per_epoch: int) -> StepPlan:
@@ -237,34 +198,108 @@ class Inputs:
                 pipeline.map_parallelism,
             )
             return dataset if len(files.paths) >= num_pipelines else dataset.shard(num_pipelines, pipeline_id)
-        if isinstance(self.source, ArraySource):
+        if isinstance(self.source, (ArraySource, ImageFileSource)):
             indices = self.input_plan.train_indices if training else self.input_plan.validation_indices
             if num_pipelines > 1:
                 indices = shard(indices, self.source.labels, self.config.split.name, num_pipelines, pipeline_id)
+            if isinstance(self.source, ImageFileSource):  # the files' paths: the pipeline reads them
+                return array_elements(self.source.files[indices], self.source.labels[indices])
             return array_elements(self.source.features[indices], self.source.labels[indices])
+        if isinstance(self.source, DatasetSource):
+            dataset = self.source.train if training else self.source.validation
+            return dataset.shard(num_pipelines, pipeline_id) if num_pipelines > 1 else dataset
         files = self.source.train_files if training else self.source.validation_files
         if len(files) >= num_pipelines:
             return file_elements(pipeline, files[pipeline_id::num_pipelines], self.source.open_file)
         return file_elements(pipeline, files, self.source.open_file).shard(num_pipelines, pipeline_id)
 
-    def dataset(self, training: bool, input_context=None):
-        """Batches for one input pipeline: global batches, or per-replica ones under a context."""
-        from bwopt.pipeline import build_dataset
+    def dataset(self, training: bool, input_context=None, through_service: bool = True):
+        """Batches for one input pipeline: global batches, or per-replica ones under a context.
+
+        Training batches go through the tf.data service when one is configured, unless `through_service` is False.
+        """
+        from bwopt.pipeline import build_dataset, build_image_dataset
 
         batch = self.config.train.global_batch_size
         num_pipelines, pipeline_id = 1, 0
         if input_context is not None:
             batch = input_context.get_per_replica_batch_size(batch)
             num_pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
+        elements = self.elements(training, num_pipelines, pipeline_id)
+        service = self.service if training and through_service else None
+        pipeline = self.pipeline_config(training, num_pipelines, pipeline_id)
+        if self.source.encoded_images:
+            return build_image_dataset(
+                pipeline,
+                elements,
+                batch,
+                training=training,
+                seed=self.config.seed,
+                images=self.encoded_images(),
+                service=service,
+            )
         return build_dataset(
-            self.config.pipeline,
-            self.elements(training, num_pipelines, pipeline_id),
+            pipeline,
+            elements,
             batch,
             training=training,
             seed=self.config.seed,
             value_range=self.source.value_range,
-            service=self.service if training else None,
+            service=service,
         )
+
+    def pipeline_config(self, training: bool, num_pipelines: int, pipeline_id: int):
+        """The pipeline config of one input pipeline: a file cache's prefix carries the key of what it
+        holds (bwopt.disk.cache_prefix), so a cache another config wrote is never read."""
+        import sys
+
+        from bwopt.disk import cache_prefix, remove_partial_cache
+
+        pipeline = self.config.pipeline
+        if not training or pipeline.cache != "file":
+            return pipeline
+        prefix = cache_prefix(pipeline.cache_path, self.cache_identity(num_pipelines, pipeline_id))
+        if remove_partial_cache(prefix):
+            print(
+                f"bwopt: removed the unfinished file cache {prefix}* (pipeline.cache_path): a run "
+                "stopped while writing it; it is written afresh",
+                file=sys.stderr,
+            )
+        return replace(pipeline, cache_path=prefix)
+
+    def cache_identity(self, num_pipelines: int, pipeline_id: int) -> dict:
+        """What decides the elements a file cache holds: the data's config, split and seed, the
+        training examples (indices) or files (path, size, time), this pipeline's shard, and the
+        settings applied before the cache (the cast, the deterministic image preprocessing)."""
+        import dataclasses
+        import hashlib
+        import os
+
+        config, pipeline = self.config, self.config.pipeline
+        identity = {
+            "data": dataclasses.asdict(config.data),
+            "split": dataclasses.asdict(config.split),
+            "seed": config.seed,
+            "pipeline": [pipeline.transfer_dtype, pipeline.vectorized_map, pipeline.preprocess],
+            "image": [pipeline.fused_decode_crop] if self.source.encoded_images else [],
+            "shard": [pipeline_id, num_pipelines],
+        }
+        if self.input_plan.train_indices is not None:
+            identity["indices"] = hashlib.sha256(np.asarray(self.input_plan.train_indices).tobytes()).hexdigest()
+        files = getattr(self.source, "train_files", [])  # names, for the artificial source
+        if isinstance(self.source, ImageFileSource):
+            files = self.source.files[self.input_plan.train_indices]
+        stamps = [(str(path), os.stat(path)) for path in files if os.path.exists(path)]
+        identity["files"] = [[path, stat.st_size, stat.st_mtime_ns] for path, stat in stamps]
+        return identity
+
+    def encoded_images(self):
+        """What the pipeline decodes: image files (by path) or encoded bytes (data.format=image)."""
+        from bwopt.pipeline import EncodedImages
+
+        if isinstance(self.source, ImageFileSource):
+            return EncodedImages(self.source.image_size, paths=True, jpeg_only=self.source.jpeg_only)
+        return EncodedImages(self.source.feature_shape[:2])
 
     def ready_dataset(self, input_context=None):
         """The training dataset's first batch, cached and repeated forever: batches that are always ready.
@@ -273,22 +308,8 @@ class Inputs:
         batch (`bwopt.measure.overhead`). Built without the tf.data service.
         """
         from bwopt.data.tfrecord import tf_count
-        from bwopt.pipeline import build_dataset
 
-        batch = self.config.train.global_batch_size
-        num_pipelines, pipeline_id = 1, 0
-        if input_context is not None:
-            batch = input_context.get_per_replica_batch_size(batch)
-            num_pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
-        dataset = build_dataset(
-            self.config.pipeline,
-            self.elements(True, num_pipelines, pipeline_id),
-            batch,
-            training=True,
-            seed=self.config.seed,
-            value_range=self.source.value_range,
-        )
-        dataset = dataset.take(1).cache().repeat()
+        dataset = self.dataset(True, input_context, through_service=False).take(1).cache().repeat()
         # The same buffer hand-off as training's last stage: next() then costs what it costs there.
         prefetch = self.config.pipeline.prefetch
         return dataset.prefetch(tf_count(prefetch)) if prefetch != 0 else dataset

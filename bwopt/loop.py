@@ -3,14 +3,25 @@
 Each step is timed in two parts on the host's monotonic clock (`time.perf_counter`): the input
 wait, blocked in `next(iterator)`, and the compute, from calling `step(batch)` until it returns.
 `step` must not return before the work it dispatched has finished (read its results on the host),
-so that the compute time is the step's. Everything else a run does around its steps (the step
-timer, the progress bar, the profiler, the epoch log, the stop check) is a `Hook`, called outside
-the timed part of a step, in the spirit of Keras's `CallbackList`.
+so that the compute time is the step's.
+
+Why a read every step, not a lagged one (reading step n-1's results after dispatching step n):
+a lagged read would let step n's `next()` overlap step n-1's device work, so the input wait
+would no longer be time the step stood still, and each compute time would hold its neighbour's;
+the partition of the step (bwopt.measure.timing) would lose its meaning. What the read costs was
+measured against a hand-written loop that reads once per block (benchmarks/vs_plain_loop.py,
+README there): about 1 % on CPU, where TensorFlow runs a function call to its end before it
+returns anyway. Where the sync costs more (an accelerator with short steps), the cure keeps the
+figures true: `train.steps_per_execution=N` reads once per N steps.
+
+Everything else a run does around its steps (the step timer, the progress bar, the profiler, the
+epoch log, the stop check) is a `Hook`, called outside the timed part of a step, in the spirit of
+Keras's `CallbackList`.
 """
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, Sequence, Tuple
 
 
 @dataclass
@@ -24,6 +35,10 @@ class StepRecord:
 
 class Hook:
     """A side concern of the loop. Steps are numbered 0.. across epochs; every method is optional."""
+
+    # Whether the hook also sees the extra timed steps after the last epoch (`extra_timed_steps`):
+    # the step timer and the stop checks do; epoch logs, progress and the profiler do not.
+    follows_extra_steps = False
 
     def on_epoch_begin(self, epoch: int) -> None:
         pass
@@ -68,6 +83,36 @@ class HookList(Hook):
             hook.on_loop_end()
 
 
+class _Exhausted(Exception):
+    """The loop's iterator ended: carried out of a step generator, where StopIteration cannot pass (PEP 479)."""
+
+
+# Steps of one epoch, each as (its number across epochs, what the loop saw of it): a function of
+# the epoch and the hooks, which it calls `on_step_begin` on before it starts each step.
+EpochSteps = Callable[[int, Hook], Iterable[Tuple[int, StepRecord]]]
+
+
+def drive(epoch_steps: EpochSteps, epochs: int, hooks: Sequence[Hook] = (), first_epoch: int = 0) -> None:
+    """Epochs `first_epoch` .. `epochs - 1` of the steps `epoch_steps` yields, through `hooks`.
+
+    The one place hooks are called: the timed loop below runs its steps through it, and so does
+    the parameter-server mode, whose steps run on the workers and come back as records.
+    Raises whatever a step or a hook raises (a hook stops the loop by raising, e.g.
+    KeyboardInterrupt from the stop check); `on_loop_end` runs in any case.
+    """
+    hook = HookList(hooks)
+    try:
+        for epoch in range(first_epoch, epochs):
+            hook.on_epoch_begin(epoch)
+            for number, record in epoch_steps(epoch, hook):
+                hook.on_step_end(number, record)
+            hook.on_epoch_end(epoch, {})
+    except _Exhausted as exhausted:
+        raise StopIteration from exhausted.__cause__
+    finally:
+        hook.on_loop_end()
+
+
 def timed_loop(
     iterator: Iterator,
     step: Callable[[Any], Any],
@@ -79,21 +124,31 @@ def timed_loop(
     """Run epochs `first_epoch` .. `epochs - 1` of `steps_per_epoch` steps of `step(next(iterator))`,
     timing each one; steps are numbered from the first epoch's (a resumed run's earlier epochs count).
 
-    Raises whatever `next`, `step` or a hook raises (a hook stops the loop by raising, e.g.
-    KeyboardInterrupt from the stop check); `on_loop_end` runs in any case.
+    Raises StopIteration when the iterator ends before the last step, and whatever `step` or a hook raises.
     """
-    hook = HookList(hooks)
-    try:
-        for epoch in range(first_epoch, epochs):
-            hook.on_epoch_begin(epoch)
-            for index in range(steps_per_epoch):
-                number = epoch * steps_per_epoch + index
-                hook.on_step_begin(number)
-                started = time.perf_counter()
-                batch = next(iterator)
-                fetched = time.perf_counter()
-                results = step(batch)
-                hook.on_step_end(number, StepRecord(fetched - started, time.perf_counter() - fetched, results))
-            hook.on_epoch_end(epoch, {})
-    finally:
-        hook.on_loop_end()
+
+    def epoch_steps(epoch: int, hook: Hook):
+        first = epoch * steps_per_epoch
+        return _timed_steps(iterator, step, range(first, first + steps_per_epoch), hook)
+
+    drive(epoch_steps, epochs, hooks, first_epoch)
+
+
+def extra_timed_steps(iterator: Iterator, step: Callable[[Any], Any], numbers: range, hooks: Sequence[Hook]) -> None:
+    """More steps of `step(next(iterator))`, numbered `numbers`, after the epochs: through the hooks
+    that follow extra steps only (`Hook.follows_extra_steps`), as one block with no epoch of its own."""
+    followers = [hook for hook in hooks if hook.follows_extra_steps]
+    drive(lambda epoch, hook: _timed_steps(iterator, step, numbers, hook), 1, followers)
+
+
+def _timed_steps(iterator: Iterator, step: Callable[[Any], Any], numbers: range, hook: Hook):
+    for number in numbers:
+        hook.on_step_begin(number)
+        started = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration as end:
+            raise _Exhausted from end
+        fetched = time.perf_counter()
+        results = step(batch)
+        yield number, StepRecord(fetched - started, time.perf_counter() - fetched, results)

@@ -1,40 +1,123 @@
-"""The three modes a run can be in. Each is a function of the `Run` (bwopt.run), after its
-`set_up`, that returns the figures it measured beyond the run's own step timer and epoch log.
+"""`run()` picks and drives a mode; the three modes a run can be in.
+
+    with Run(config, output_dir, resolved, overrides) as current:  # workload prepared, tracking started
+        current.build()                                             # inputs, model, steps; checkpoint restored
+        current.mode_figures = MODES[config.mode](current.workload, current.loop_hooks())
+    current.summary                                                 # made and recorded on leaving
+
+Each mode is a function of the built `Workload` (bwopt.workload) and the run's loop hooks that
+returns the figures it measured beyond the run's own step timer and epoch log:
 
 train: the timed training loop, then the ceilings and inference when asked;
 input: the distributed training dataset iterated alone (the input ceiling);
 inference: forward passes of a freshly built model.
 """
 
-from typing import TYPE_CHECKING, Dict
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, Sequence
+
+from bwopt.loop import Hook
+from bwopt.run import Run
+from bwopt.signals import STOP, StopCheck
 
 if TYPE_CHECKING:
-    from bwopt.run import Run
+    from bwopt.schema import Config
+    from bwopt.summary import Summary
+    from bwopt.workload import Workload
 
 
-def run_training(run: "Run") -> Dict[str, float]:
+def run(config: "Config", output_dir: Path, resolved: dict, overrides: Sequence[str] = ()) -> "Summary":
+    """Run one experiment; the MLflow run ends FINISHED, FAILED or KILLED with what was measured.
+
+    `overrides` are the command line's `key=value`s: they name the MLflow run.
+    """
+    with Run(config, output_dir, resolved, overrides) as current:
+        current.build()
+        STOP.check()  # a signal during set-up
+        current.mode_figures = run_mode(current.workload, current.loop_hooks())
+        STOP.check()  # a signal during the last step of a deferred loop
+    return current.summary
+
+
+def run_mode(workload: "Workload", hooks: Sequence[Hook]) -> Dict[str, float]:
+    """The mode's figures; a TensorFlow error from the user's data files becomes a DataError naming the file."""
+    from bwopt.data.diagnose import diagnose
+
+    try:
+        return MODES[workload.config.mode](workload, hooks)
+    except Exception as error:
+        data_error = diagnose(workload.source, workload.config.data.name, error)
+        if data_error is None:
+            raise
+        raise data_error from error
+
+
+def run_training(workload: "Workload", hooks: Sequence[Hook]) -> Dict[str, float]:
     """mode=train: the timed training loop, then the ceilings and inference when asked."""
-    if run.config.strategy.name == "parameter_server":  # asynchronous steps, timed by each closure
+    config = workload.config
+    if config.strategy.name == "parameter_server":  # asynchronous steps, timed by each closure
         from bwopt.coordinated import run_coordinated_training
 
-        return run_coordinated_training(run)
-    from bwopt.strategies import distribute_input
-    from bwopt.train import train
+        with STOP.deferred():
+            return run_coordinated_training(workload, hooks)
+    from bwopt.train import loop_step, train
 
-    config = run.config
-    model, _ = run.build_model()
-    run.restore_checkpoint()  # a run resumed after a stop: its weights, from its last stop
-    steps = run.step_functions(config.train.steps_per_execution)
-    train_iterator = iter(run.distributed_dataset(training=True))
-    train(steps, train_iterator, run.distributed_dataset(training=False), run.input_plan.steps, run.loop_hooks())
+    steps = workload.steps
+    train_iterator = iter(workload.distributed_dataset(training=True))
+    with STOP.deferred():  # loops over TensorFlow iterators: a signal stops them between two steps
+        train(steps, train_iterator, workload.distributed_dataset(training=False), workload.input_plan.steps, hooks)
+        fill_timed_window(workload, hooks, *loop_step(steps, train_iterator))
     # After training and its epoch metrics: the references and the ceilings train on their batches.
-    ready_iterator = iter(distribute_input(run.strategy, config.pipeline.distribute, run.inputs.ready_dataset))
-    figures: Dict[str, float] = measure_host_references(steps, ready_iterator).metrics()
-    if config.measure.ceilings:
-        figures.update(measure_ceilings(run, steps, train_iterator, ready_iterator))
-    if config.measure.inference_batch_sizes:
-        figures.update(measure_inference(run, model))
+    figures: Dict[str, float] = {}
+    try:
+        ready_iterator = workload.ready_batches()
+        with STOP.deferred():
+            figures.update(measure_host_references(steps, ready_iterator).metrics())
+            STOP.check()
+            if config.measure.ceilings:
+                figures.update(measure_ceilings(workload, train_iterator, ready_iterator))
+        if config.measure.inference_batch_sizes:
+            figures.update(measure_inference(workload))
+    except KeyboardInterrupt as stop:  # the run ends KILLED with what was measured so far
+        stop.measured = figures
+        raise
     return figures
+
+
+def fill_timed_window(workload: "Workload", hooks: Sequence[Hook], loop_iterator, step) -> None:
+    """Extra timed steps after the epochs until the timed window lasts `measure.min_timed_s`.
+
+    The epochs stay as configured (their metrics are logged before); the extra steps continue
+    on the same iterator with the same step, seen only by the hooks that follow extra steps (the
+    step timer, the stop and NaN checks), and the plan counts them as timed. Not across processes
+    (multi_worker_mirrored): each worker would count its own extra steps, and collective steps
+    must be the same number on every worker.
+    """
+    from dataclasses import replace
+
+    from bwopt.schema import MULTI_PROCESS_STRATEGIES
+
+    if workload.config.strategy.name in MULTI_PROCESS_STRATEGIES:
+        return
+    from bwopt.loop import extra_timed_steps
+    from bwopt.measure import StepTimer
+    from bwopt.measure.plan import extra_steps_needed
+
+    timer = next(hook for hook in hooks if isinstance(hook, StepTimer))
+    min_timed_s = workload.config.measure.min_timed_s
+    for _ in range(10):  # an estimate falls short when the steps speed up: top up until the window is full
+        plan = workload.input_plan.steps
+        extra = extra_steps_needed(timer, plan, min_timed_s)
+        if not extra:
+            return
+        if plan.extra_steps == 0:
+            print(
+                f"bwopt: timing {extra:,} more steps for a window of {min_timed_s:g} s (measure.min_timed_s)",
+                flush=True,
+            )
+        first = plan.num_steps + plan.extra_steps
+        workload.input_plan.steps = replace(plan, extra_steps=plan.extra_steps + extra)
+        extra_timed_steps(loop_iterator, step, range(first, first + extra), hooks)
 
 
 def measure_host_references(steps, ready_iterator):
@@ -47,7 +130,7 @@ def measure_host_references(steps, ready_iterator):
     return HostReferences(dispatch, ready_execution_s=ready_execution_s(steps.train_execution, ready_iterator))
 
 
-def measure_ceilings(run: "Run", steps, train_iterator, ready_iterator) -> Dict[str, float]:
+def measure_ceilings(workload: "Workload", train_iterator, ready_iterator) -> Dict[str, float]:
     """Both ceilings on the training pipeline as training left it (warm, caches filled), each in
     `measure.ceiling_blocks` blocks (`ceiling_steps` steps in all): every compute block first, then
     every input block. Alternating them would time each compute block while the pipeline's threads
@@ -61,23 +144,24 @@ def measure_ceilings(run: "Run", steps, train_iterator, ready_iterator) -> Dict[
     from bwopt.measure import Ceilings, compute_ceiling, input_ceiling
     from bwopt.strategies import place_on_replica_devices
 
-    config = run.config
+    config, steps = workload.config, workload.steps
     batch, num_blocks = config.train.global_batch_size, config.measure.ceiling_blocks
     per_block = config.measure.ceiling_steps // num_blocks
     per_execution = config.train.steps_per_execution
     if steps.train_execution is None:
-        on_devices = place_on_replica_devices(run.strategy, next(ready_iterator), run.replica_devices)
+        on_devices = place_on_replica_devices(workload.strategy, next(ready_iterator), workload.replica_devices)
         step, argument, compute_steps = steps.train_step, on_devices, per_block
     else:
         step, argument, compute_steps = steps.train_execution, ready_iterator, max(2, per_block // per_execution)
     compute_blocks, input_blocks, input_bytes_blocks = [], [], []
+    stop = [StopCheck()]  # a signal stops a block between two of its steps
     for block in range(num_blocks):
         warmup = min(config.train.warmup_steps, compute_steps) if block == 0 else 0
-        compute_blocks.append(compute_ceiling(step, argument, compute_steps, warmup, batch * per_execution))
+        compute_blocks.append(compute_ceiling(step, argument, compute_steps, warmup, batch * per_execution, stop))
     for block in range(num_blocks):
         drain = batches_to_drain(config, per_block, first_block=block == 0)
         examples_per_s, bytes_per_s = input_ceiling(
-            train_iterator, per_block, drain, batch, batch * run.input_plan.bytes_per_example
+            train_iterator, per_block, drain, batch, batch * workload.input_plan.bytes_per_example, stop
         )
         input_blocks.append(examples_per_s)
         input_bytes_blocks.append(bytes_per_s)
@@ -102,13 +186,13 @@ def batches_to_drain(config, block_steps: int, first_block: bool) -> int:
     return warmup + pipeline.prefetch + pipeline.distribute.per_replica_buffer_size
 
 
-def measure_inference(run: "Run", model) -> Dict[str, float]:
+def measure_inference(workload: "Workload") -> Dict[str, float]:
     from bwopt.measure.inference import measure_inference as measure
 
-    config, source = run.config, run.source
-    with run.strategy.scope():
+    config, source = workload.config, workload.source
+    with workload.strategy.scope():
         results = measure(
-            model,
+            workload.model,
             source.feature_shape,
             config.pipeline.transfer_dtype,
             config.measure.inference_batch_sizes,
@@ -119,7 +203,7 @@ def measure_inference(run: "Run", model) -> Dict[str, float]:
     return {key: value for figures in results for key, value in figures.metrics().items()}
 
 
-def run_input_only(run: "Run") -> Dict[str, float]:
+def run_input_only(workload: "Workload", hooks: Sequence[Hook]) -> Dict[str, float]:
     """mode=input: iterate the distributed training dataset alone, timed like training steps.
 
     Input wait is the time in `next()`; "compute" is only the wait until every per-replica
@@ -128,16 +212,17 @@ def run_input_only(run: "Run") -> Dict[str, float]:
     from bwopt.loop import timed_loop
     from bwopt.measure import wait_for_batch
 
-    steps = run.input_plan.steps
-    iterator = iter(run.distributed_dataset(training=True))
-    timed_loop(iterator, wait_for_batch, steps.epochs, steps.steps_per_epoch, run.loop_hooks())
+    steps = workload.input_plan.steps
+    iterator = iter(workload.distributed_dataset(training=True))
+    with STOP.deferred():
+        timed_loop(iterator, wait_for_batch, steps.epochs, steps.steps_per_epoch, hooks)
+        fill_timed_window(workload, hooks, iterator, wait_for_batch)
     return {}
 
 
-def run_inference_only(run: "Run") -> Dict[str, float]:
+def run_inference_only(workload: "Workload", hooks: Sequence[Hook]) -> Dict[str, float]:
     """mode=inference: forward passes of a freshly built model at measure.inference_batch_sizes."""
-    model, _ = run.build_model()
-    return measure_inference(run, model)
+    return measure_inference(workload)
 
 
 # Keyed by bwopt.schema.MODES.

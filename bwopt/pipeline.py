@@ -3,17 +3,25 @@
 Order of the training pipeline (validation skips shuffle, repeat, augmentation, cache and the
 service):
 
-    elements  in-memory slices | TFRecord shards | files via interleave
-    map       cast to the transfer dtype (none when    } with vectorized_map, both maps run
-              the features already have that dtype)    }
-    cache / snapshot                                   } as one after batch, and cache and
-    shuffle, repeat                                    } snapshot hold the raw elements
-    map       augmentation rounds (when on)            }
-    batch
+    elements  in-memory slices | TFRecord shards | files via interleave | image files' paths |
+              the user's dataset
+    map       cast to the transfer dtype (none when the features already have that dtype);
+              encoded images: read (paths), decode and resize first, in the same map, when the
+              preprocessing is deterministic (pipeline.preprocess, bwopt.preprocess)
+    cache / snapshot
+    shuffle, repeat
+    map       encoded images, a random preprocessing (imagenet's, training): read (paths, unless
+              a cache needed the bytes before), decode a random crop, flip, resize, cast; then
+              augmentation rounds (when on)
+    batch     with vectorized_map, the cast and augmentation run as one map after batch instead,
+              and cache and snapshot hold the elements before the cast
     tf.data service (when on), prefetch, Options
+
+Every random stage comes after the cache: caching after it would freeze one draw for every epoch.
 """
 
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -55,27 +63,79 @@ def make_cast(config):
     return lambda features, labels: (tf.cast(features, transfer_dtype), labels)
 
 
-def make_augment(config, value_range: Optional[tuple]):
+def make_augment(config, value_range: Optional[tuple], seed: int, elements):
     """`augment_repeats` rounds of random jitter, or None when there are none.
 
-    Each round moves every value by -1, 0 or +1 quantisation step (uniform noise, rounded,
-    clipped to the source's range): real elementwise work on the host, a knob for making a
-    workload input-bound. It runs after the cache, so it is paid, and different, every epoch.
+    Each round moves every value by -1, 0 or +1 quantisation step (probabilities 1/4, 1/2, 1/4;
+    clipped to the source's range at the end): real elementwise work on the host, a knob for
+    making a workload input-bound. It runs after the cache, so it is paid, and different, every
+    epoch. The noise is a counter-based hash of the example's values (as float32), the run's seed,
+    the epoch and the value's index, never of the order or the thread an example is processed in:
+    the speed knobs (parallel or vectorised map, deterministic=false, cache, reads) change when an
+    augmented example arrives, never what it holds (tests/test_same_examples.py).
+
+    The function takes ((features, labels), positions) of one example or of a batch; an example's
+    position in the repeated stream of `elements` // the examples per pass is its epoch.
     """
     import tensorflow as tf
 
     if not config.augment_repeats:
         return None
+    examples_per_epoch = epoch_size(elements)
 
-    def augment(features, labels):
+    def uint32(value: int):
+        return tf.constant(value & 0xFFFFFFFF, tf.uint32)
+
+    def mix(x):
+        # lowbias32 (C. Wellons' integer hash): every output bit depends on every input bit
+        x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, uint32(16))) * uint32(0x7FEB352D)
+        x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, uint32(15))) * uint32(0x846CA68B)
+        return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, uint32(16)))
+
+    def augment(example, positions):
+        features, labels = example
         values = tf.cast(features, tf.float32)
+        flat = tf.reshape(values, [tf.size(positions), -1])  # one row per example
+        content = tf.bitcast(tf.fingerprint(flat)[:, :4], tf.uint32)
+        epochs = tf.cast(tf.reshape(positions, [-1]) // examples_per_epoch, tf.uint32)
+        keys = mix(tf.bitwise.bitwise_xor(content, mix(epochs + uint32(seed * 0x9E3779B9))))
+        index = tf.cast(tf.range(tf.shape(flat)[1]), tf.uint32) * uint32(0x9E3779B9)
+        state = mix(tf.bitwise.bitwise_xor(keys[:, None], index[None, :]))
         for _ in range(config.augment_repeats):
-            values = tf.round(values + tf.random.uniform(tf.shape(values), -1.0, 1.0))
+            state = state * uint32(747796405) + uint32(2891336453)  # one LCG step per round
+            up = tf.cast(tf.bitwise.right_shift(state, uint32(31)), tf.float32)
+            down = tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(state, uint32(30)), uint32(1)), tf.float32)
+            flat = flat + (up - down)
+        values = tf.reshape(flat, tf.shape(values))
         if value_range is not None:
             values = tf.clip_by_value(values, *value_range)
         return tf.cast(values, features.dtype), labels
 
     return augment
+
+
+def epoch_size(elements) -> int:
+    """Examples in one pass of `elements`: their cardinality, or counted once when tf.data cannot tell."""
+    size = int(elements.cardinality())
+    return size if size >= 0 else int(elements.reduce(np.int64(0), lambda count, _: count + 1))
+
+
+@dataclass(frozen=True)
+class Maps:
+    """The per-example work of one pipeline; `assemble` puts each where the ordering rules say.
+
+    Attributes:
+        cast: (features, label) -> (features, label): deterministic, before the cache (or, with
+            vectorized_map, after batch).
+        decode: ((encoded, label), position) -> (features, label): random, per element, after
+            repeat, its random choices keyed by the image and its epoch (the position in the
+            repeated stream // the examples per pass); never vectorised (the images differ in size).
+        augment: (features, label) -> (features, label): random, after repeat (or after batch).
+    """
+
+    cast: Optional[Callable] = None
+    decode: Optional[Callable] = None
+    augment: Optional[Callable] = None
 
 
 def build_dataset(
@@ -107,27 +167,124 @@ def build_dataset(
 
     # A cast to the dtype the features already have is no work: leave the map out altogether.
     needs_cast = elements.element_spec[0].dtype != tf.dtypes.as_dtype(config.transfer_dtype)
-    cast = make_cast(config) if needs_cast else None
-    augment = make_augment(config, value_range) if training else None
+    maps = Maps(
+        cast=make_cast(config) if needs_cast else None,
+        augment=make_augment(config, value_range, seed, elements) if training else None,
+    )
+    return assemble(config, elements, maps, batch_size, training=training, seed=seed, service=service)
+
+
+PIXEL_RANGE = (0.0, 255.0)
+
+
+@dataclass(frozen=True)
+class EncodedImages:
+    """What the elements of an image pipeline hold, and the size to decode them to.
+
+    Attributes:
+        image_size: [height, width] of the decoded images.
+        paths: the elements are image files' paths, read in the map that decodes them (or, when
+            a cache must hold the bytes before a random stage, in a map of their own); else they
+            hold the encoded bytes.
+        jpeg_only: every image is a JPEG (bwopt.preprocess.Decoding).
+    """
+
+    image_size: Tuple[int, int]
+    paths: bool = False
+    jpeg_only: bool = False
+
+
+def build_image_dataset(
+    config,
+    encoded,
+    batch_size: int,
+    *,
+    training: bool,
+    seed: int,
+    images: EncodedImages,
+    service: Optional[Callable] = None,
+):
+    """Batches of images from (encoded image or its path, int32 label) elements, preprocessed as
+    `pipeline.preprocess` says (bwopt.preprocess), per element, with `pipeline.map_parallelism`.
+
+    A deterministic preprocessing reads and decodes before the cache, which then holds decoded
+    images; a random one (imagenet's for training) runs after shuffle and repeat, so the cache
+    holds the encoded bytes and every epoch draws new crops, keyed by the image's bytes, the epoch
+    and the seed (`bwopt.preprocess.element_seeds`), whatever its order. Otherwise as `build_dataset`.
+    """
+    import tensorflow as tf
+
+    from bwopt.preprocess import Decoding, element_seeds, preprocessing
+
+    fixed, random = preprocessing(config.preprocess)
+    decoding = Decoding(tuple(images.image_size), config.fused_decode_crop, images.jpeg_only)
+    parallel = parallel_arguments(config, config.map_parallelism)
+    read_file = images.paths
+    # Per element, the cast joins the decode in one map; vectorised, build_dataset casts after batch
+    # (a random preprocessing refuses vectorized_map: bwopt.schema.pipeline).
+    cast = None if config.vectorized_map else make_cast(config)
+
+    def finish(image, label):
+        return cast(image, label) if cast else (image, label)
+
+    if training and random is not None:
+        if read_file and (config.cache != "off" or config.snapshot.path):
+            # The cache must hold the files' bytes, not their paths: read them in a map of their own.
+            encoded = encoded.map(lambda path, label: (tf.io.read_file(path), label), **parallel)
+            read_file = False
+
+        examples_per_epoch = epoch_size(encoded)
+
+        def decode(example, position):
+            data, label = example
+            encoded_image = tf.io.read_file(data) if read_file else data
+            seeds = element_seeds(encoded_image, position // examples_per_epoch, seed)
+            return finish(random(encoded_image, seeds, decoding), label)
+
+        maps = Maps(decode=decode, augment=make_augment(config, PIXEL_RANGE, seed, encoded))
+        return assemble(config, encoded, maps, batch_size, training=training, seed=seed, service=service)
+
+    def decode_fixed(data, label):
+        encoded_image = tf.io.read_file(data) if read_file else data
+        return finish(fixed(encoded_image, decoding), label)
+
+    decoded = encoded.map(decode_fixed, **parallel)
+    return build_dataset(
+        config, decoded, batch_size, training=training, seed=seed, value_range=PIXEL_RANGE, service=service
+    )
+
+
+def assemble(config, elements, maps: Maps, batch_size: int, *, training: bool, seed: int, service):
+    """The pipeline's stages in order (module docstring), `maps` placed by the ordering rules."""
+    import tensorflow as tf
+
     parallel = parallel_arguments(config, config.map_parallelism)
     options = dataset_options(config)
+    vectorized = config.vectorized_map
     dataset = elements
-    if cast and not config.vectorized_map:
-        dataset = dataset.map(cast, **parallel)
+    if maps.cast and not vectorized:
+        dataset = dataset.map(maps.cast, **parallel)
+    augment = maps.augment if training else None
     if training:
         dataset = cache_and_snapshot(config, dataset)
         if config.shuffle_buffer > 0:
             shuffle_seed = seed if config.shuffle_seed is None else config.shuffle_seed
             dataset = dataset.shuffle(config.shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=True)
         dataset = dataset.repeat()
-        if augment and not config.vectorized_map:
-            dataset = dataset.map(augment, **parallel)
+        if maps.decode or augment:
+            # Each element with its position in the stream, whose epoch its random stages draw
+            # from (a range, not Dataset.counter(), a scan that calls a function per element).
+            positions = tf.data.Dataset.range(np.iinfo(np.int64).max)
+            dataset = tf.data.Dataset.zip((dataset, positions))
+        if maps.decode or (augment and not vectorized):
+            dataset = dataset.map(per_element(maps.decode, None if vectorized else augment), **parallel)
     dataset = dataset.batch(batch_size, drop_remainder=training)
-    if config.vectorized_map and (cast or augment):
+    if vectorized and (maps.cast or augment):
 
-        def preprocess(features, labels):
-            features, labels = cast(features, labels) if cast else (features, labels)
-            return augment(features, labels) if augment else (features, labels)
+        def preprocess(*batch):
+            (features, labels), positions = batch if augment else (batch, None)
+            features, labels = maps.cast(features, labels) if maps.cast else (features, labels)
+            return augment((features, labels), positions) if augment else (features, labels)
 
         dataset = dataset.map(preprocess, **parallel)
     if service is not None:
@@ -136,6 +293,16 @@ def build_dataset(
     if config.prefetch != 0:
         dataset = dataset.prefetch(tf_count(config.prefetch))
     return dataset.with_options(options)
+
+
+def per_element(decode: Optional[Callable], augment: Optional[Callable]) -> Callable:
+    """(example, position) -> decode, then augment, each when there is one, with the position."""
+
+    def apply(example, position):
+        example = decode(example, position) if decode else example
+        return augment(example, position) if augment else example
+
+    return apply
 
 
 def cache_and_snapshot(config, dataset):

@@ -61,7 +61,7 @@ def quiet(verbose: bool) -> None:
 def quiet_libraries(verbose: bool) -> None:
     """The part of `quiet` that leaves file descriptors alone, safe in any process (a sweep's launcher, tests)."""
     if verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # bwopt.run's own default is 2
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")  # bwopt's own default is 2
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # "Creating initial MLflow database tables..."

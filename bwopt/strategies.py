@@ -116,10 +116,15 @@ def build_strategy(config, devices: Optional[DeviceSetup], resolver=None):
     return builder(config, devices)
 
 
-def set_up_strategy(strategy_config, device_config, resolver=None):
+def set_up_strategy(strategy_config, device_config, resolver=None, startup_timeout_s: float = 120.0):
     """(DeviceSetup, strategy): the devices, then the strategy; for a multi-process strategy the
-    device settings, then the strategy (which starts this task's server and joins the cluster),
-    then this task's devices read back."""
+    device settings, the wait for the other tasks (bounded by `startup_timeout_s`, stopped by a
+    signal: bwopt.cluster.wait_for_peers), then the strategy (which starts this task's server and
+    joins the cluster), then this task's devices read back.
+
+    TensorFlow's multi-worker runtime installs a SIGTERM handler of its own (its preemption
+    notifier), which would swallow SIGTERM for the rest of the run; bwopt's is put back.
+    """
     from bwopt.devices import configure
 
     if strategy_config.name not in MULTI_PROCESS:
@@ -128,8 +133,14 @@ def set_up_strategy(strategy_config, device_config, resolver=None):
     import keras
     import tensorflow as tf
 
+    from bwopt.cluster import wait_for_peers
+    from bwopt.signals import STOP
+
     apply_device_settings(device_config)
+    if resolver is not None and resolver.cluster_spec().as_dict():
+        wait_for_peers(resolver, strategy_config.name, startup_timeout_s)
     strategy = build_strategy(strategy_config, None, resolver)
+    STOP.reclaim()
     keras.mixed_precision.set_global_policy(device_config.precision)
     # After joining, TensorFlow lists every task's devices; this task's are the ones it runs on.
     local = f"/job:{resolver.task_type}/replica:0/task:{resolver.task_id}/"

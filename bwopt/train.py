@@ -37,23 +37,32 @@ class StepFunctions:
     steps_per_execution: int = 1
 
 
-def make_step_functions(
-    strategy,
-    model,
-    optimizer,
-    global_batch_size: int,
-    feature_scale: float,
-    jit_compile: bool,
-    step_compute_s: float = 0.0,
-    steps_per_execution: int = 1,
-) -> StepFunctions:
-    """Distributed train and evaluation steps, each returning (summed loss, correct, examples) over replicas.
+@dataclass(frozen=True)
+class StepSettings:
+    """How the step functions compute.
 
-    `step_compute_s` adds a known sleep to every train step (the artificial workload);
-    `steps_per_execution` > 1 adds `train_execution`.
+    Attributes:
+        global_batch_size: examples per step over all replicas (each replica's loss is scaled by it).
+        feature_scale: the factor that turns the transferred features into the model's inputs.
+        jit_compile: XLA-compile the forward and backward pass.
+        step_compute_s: a known sleep added to every train step (the artificial workload).
+        steps_per_execution: N > 1 adds `train_execution`, N steps per call.
     """
+
+    global_batch_size: int
+    feature_scale: float = 1.0
+    jit_compile: bool = False
+    step_compute_s: float = 0.0
+    steps_per_execution: int = 1
+
+
+def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> StepFunctions:
+    """Distributed train and evaluation steps, each returning (summed loss, correct, examples) over replicas."""
     import keras
     import tensorflow as tf
+
+    global_batch_size, feature_scale = settings.global_batch_size, settings.feature_scale
+    step_compute_s, steps_per_execution = settings.step_compute_s, settings.steps_per_execution
 
     per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     compute_dtype = keras.mixed_precision.global_policy().compute_dtype
@@ -68,7 +77,7 @@ def make_step_functions(
         return tf.reduce_sum(losses), correct, tf.cast(tf.shape(labels)[0], tf.float32)
 
     # XLA compiles the math; the gradient all-reduce stays outside the compiled function.
-    @tf.function(jit_compile=jit_compile or None)
+    @tf.function(jit_compile=settings.jit_compile or None)
     def forward_backward(features, labels):
         with tf.GradientTape() as tape:
             logits = model(to_model_inputs(features), training=True)
@@ -140,6 +149,8 @@ class TerminateOnNaN(Hook):
     """Stop at the first step whose loss is NaN or infinite (Keras's TerminateOnNaN): the run ends
     FAILED with the reason, instead of training on and reporting figures of a broken model."""
 
+    follows_extra_steps = True
+
     def on_step_end(self, step: int, record: StepRecord) -> None:
         loss_sum = float(record.results[0])
         if not math.isfinite(loss_sum):
@@ -186,13 +197,15 @@ def train(
     measures after training.
     """
     metrics = EpochMetrics(steps, distributed_validation)
-    if steps.train_execution is None:
-        step = lambda batch: read_on_host(steps.train_step(batch))  # noqa: E731
-        timed_loop(train_iterator, step, plan.epochs, plan.steps_per_epoch, [metrics, *hooks], plan.first_epoch)
-    else:
-        execution = lambda iterator: read_on_host(steps.train_execution(iterator))  # noqa: E731
-        loop_hooks = [metrics, *hooks]
-        timed_loop(
-            itertools.repeat(train_iterator), execution, plan.epochs, plan.steps_per_epoch, loop_hooks, plan.first_epoch
-        )
+    loop_iterator, step = loop_step(steps, train_iterator)
+    timed_loop(loop_iterator, step, plan.epochs, plan.steps_per_epoch, [metrics, *hooks], plan.first_epoch)
     return metrics.last
+
+
+def loop_step(steps: StepFunctions, train_iterator):
+    """(what the timed loop calls `next()` on, the step it calls with what that returns) for training:
+    a distributed batch and the train step, or, with N steps per execution, the iterator itself
+    and the N-step execution. Each reads its results on the host."""
+    if steps.train_execution is None:
+        return train_iterator, lambda batch: read_on_host(steps.train_step(batch))
+    return itertools.repeat(train_iterator), lambda iterator: read_on_host(steps.train_execution(iterator))

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, run_bwopt
+from conftest import REPO, TEST_DEFAULTS, run_bwopt
 
 pytestmark = pytest.mark.slow
 TINY = ["train.epochs=2", "train.warmup_steps=3"]
@@ -44,14 +44,22 @@ def test_multirun_gives_one_mlflow_run_per_job(tmp_path):
     (parent,) = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
     children = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert [run.data.params["pipeline.prefetch"] for run in children] == ["0", "2"]
-    assert [run.info.run_name for run in children] == [f"pipeline.prefetch={n},{','.join(TINY)}" for n in (0, 2)]
+    assert [run.info.run_name for run in children] == [f"pipeline.prefetch={n}" for n in (0, 2)]  # the swept key only
     assert all(run.info.status == "FINISHED" for run in runs)
+    # The parent reads without unfolding: the sweep's figures and keys, and a comparison that states its noise.
+    assert parent.data.metrics["num_jobs"] == 2 and parent.data.metrics["num_failed_jobs"] == 0
+    fastest = max(child.data.metrics["throughput_examples_per_s"] for child in children)
+    assert parent.data.metrics["throughput_examples_per_s"] == pytest.approx(fastest)
+    assert parent.data.params["swept.pipeline.prefetch"] == "0,2"
+    sentence = parent.data.tags["mlflow.note.content"].split("\n")[0]
+    assert "95 % CI" in sentence and any(word in sentence for word in ("faster", "slower", "no difference detected"))
+    assert sentence.strip("*") in result.stdout + result.stderr
 
 
 def start_until_epoch(tmp_path, epoch: int, *overrides) -> subprocess.Popen:
     """`python -m bwopt OVERRIDES` in a fresh process, returned once it has printed epoch `epoch`."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "bwopt", *overrides],
+        [sys.executable, "-m", "bwopt", *TEST_DEFAULTS, *overrides],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -108,7 +116,7 @@ def test_config_folder_is_found_from_an_installed_wheel(tmp_path):
         [
             sys.executable,
             "-c",
-            "import bwopt.run, bwopt.data.tfrecord, bwopt.measure.ceilings\n"
+            "import bwopt.modes, bwopt.launch, bwopt.data.tfrecord, bwopt.measure.ceilings\n"
             "from bwopt.app import config_dir\n"
             "print(config_dir())",
         ],
@@ -199,7 +207,7 @@ def test_bad_data_ends_with_one_line_and_code_2(tmp_path):
 
 def test_a_preempted_run_resumes_the_same_mlflow_run_to_the_same_total_steps(tmp_path):
     """SIGTERM writes a checkpoint; the same command with train.resume=true continues the same run."""
-    command = [sys.executable, "-m", "bwopt", "train.epochs=5", "measure.memcpy_bandwidth=false"]
+    command = [sys.executable, "-m", "bwopt", "train.epochs=5", "measure.memcpy_bandwidth=false", *TEST_DEFAULTS]
     environment = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     process = start_until_epoch(tmp_path, 2, *command[3:])
     process.send_signal(signal.SIGTERM)
@@ -231,7 +239,7 @@ def test_a_second_signal_while_the_run_records_keeps_what_was_measured(tmp_path)
             break
     process.send_signal(signal.SIGTERM)  # while it records (memcpy test, plots, MLflow)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 143 and "keeping what was measured" in stderr
+    assert process.returncode == 143 and "keeping what was measured" in stderr, stderr[-3000:]
     (summary_file,) = (tmp_path / "outputs" / "runs").glob("*/*/summary.json")
     summary = json.loads(summary_file.read_text())
     assert summary["status"] == "KILLED" and summary["figures"]["num_timed_steps"] >= 2 * (22 - 3)

@@ -7,6 +7,7 @@ slow; each keeps to 2 epochs of a few steps on the bundled digits.
 import ipaddress
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, compose_config
+from conftest import REPO, compose_config, known_answer
 
 from bwopt.app import validate
 
@@ -153,6 +154,7 @@ def test_a_killed_worker_fails_the_run_names_it_and_leaves_no_process(tmp_path):
     assert process.returncode == 1
     assert time.monotonic() - killed_at < 30  # the launcher polls every 0.2 s; stopping takes the grace at most
     assert f"cluster task worker:1 (pid {victim.pid}) was killed by SIGKILL" in stderr
+    assert "Traceback" not in stderr  # the chief's lost all-reduce is one line, not gRPC's traceback
     assert_gone(pids | {task.pid for task in tasks})
 
 
@@ -160,10 +162,10 @@ def test_a_killed_worker_fails_the_run_names_it_and_leaves_no_process(tmp_path):
 def test_real_workers_read_disjoint_shards_that_cover_the_training_split(tmp_path):
     from cluster_shard_task import OVERRIDES, feature_hash
 
-    from bwopt.cluster import local_tasks, tf_config
     from bwopt.data.service import free_loopback_port
     from bwopt.data.sources import load_source
     from bwopt.inputs import plan
+    from bwopt.launch import local_tasks, tf_config
     from bwopt.schema import MultiWorkerMirroredStrategy
 
     tasks = local_tasks(MultiWorkerMirroredStrategy(), 2, [free_loopback_port() for _ in range(2)])
@@ -191,3 +193,148 @@ def run_metrics(tmp_path: Path, run_id: str):
     from mlflow import MlflowClient
 
     return MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id).data.metrics
+
+
+# --- a cluster that cannot start: one line each, before TensorFlow joins anything ---------------------
+
+TWO_WORKERS = ["strategy=multi_worker_mirrored", "cluster=tf_config", *SHORT]
+
+
+def tf_config(task_type: str = "worker", index: int = 0, ports=(1, 2)) -> str:
+    return json.dumps(
+        {"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]}, "task": {"type": task_type, "index": index}}
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "cluster, environment, message",
+    [
+        ("tf_config", {"TF_CONFIG": "{cluster: worker}"}, "TF_CONFIG is not JSON (Expecting property name"),
+        ("tf_config", {"TF_CONFIG": tf_config(index=2)}, "TF_CONFIG: task index 2 is beyond the cluster's 2 worker"),
+        ("tf_config", {"TF_CONFIG": tf_config("ps")}, "TF_CONFIG: task type 'ps' is not a job of its cluster (worker)"),
+        ("tf_config", {}, "cluster=tf_config needs the TF_CONFIG environment variable"),
+        ("slurm", {}, "cluster=slurm needs SLURM's variables, and SLURM_PROCID, SLURM_STEP_NUM_TASKS"),
+    ],
+)
+def test_a_cluster_environment_that_is_wrong_is_one_line_naming_the_variable(tmp_path, cluster, environment, message):
+    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **environment}
+    overrides = ["strategy=multi_worker_mirrored", f"cluster={cluster}", f"hydra.run.dir={tmp_path / 'run'}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "bwopt", *overrides], cwd=tmp_path, capture_output=True, text=True, env=environment
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"bwopt: invalid cluster environment: {message}" in result.stderr
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()  # no run recorded
+
+
+def lone_worker(tmp_path: Path, *overrides) -> subprocess.Popen:
+    """Worker 0 of a two-worker TF_CONFIG whose worker 1 never starts."""
+    from bwopt.data.service import free_loopback_port
+
+    ports = [free_loopback_port(), free_loopback_port()]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bwopt", *TWO_WORKERS, *overrides, f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TF_CONFIG": tf_config(ports=ports)},
+    )
+    process.ports = ports
+    return process
+
+
+@pytest.mark.slow
+def test_a_task_that_never_starts_ends_the_wait_after_the_start_up_bound_naming_it(tmp_path):
+    process = lone_worker(tmp_path, "cluster.startup_timeout_s=5")
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 3 and "Traceback" not in stderr, stderr[-3000:]
+    missing = f"127.0.0.1:{process.ports[1]}"
+    assert f"bwopt: cluster task worker:1 at {missing} did not start within 5 s (cluster.startup_timeout_s)" in stderr
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_the_first_signal_stops_the_wait_for_a_task_that_never_starts(tmp_path):
+    process = lone_worker(tmp_path, "cluster.startup_timeout_s=600")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:  # until it listens on its port and waits
+        try:
+            ports = {c.laddr.port for c in psutil.Process(process.pid).net_connections("inet") if c.status == "LISTEN"}
+        except psutil.NoSuchProcess:
+            break
+        if process.ports[0] in ports:
+            break
+        time.sleep(0.1)
+    assert process.poll() is None, process.communicate()[1][-3000:]
+    time.sleep(1)
+    process.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    _, stderr = process.communicate(timeout=60)
+    took_s = time.monotonic() - sent
+    assert process.returncode == 143, stderr[-3000:]
+    known_answer(took_s < 3, f"stopped {took_s:.1f} s after SIGTERM, bound 3 s")
+    assert "bwopt: stopped by SIGTERM" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stopped_local_cluster_ends_the_chiefs_run_killed_with_what_it_measured(tmp_path, signum, code):
+    """Ctrl-C or a scheduler's SIGTERM reaches the launcher; the chief stops at its next step and
+    records, then the others stop."""
+    process = start_bwopt(tmp_path, *MULTI_WORKER, "train.epochs=200", "train.warmup_steps=2", "measure.progress=false")
+    for line in process.stdout:
+        if line.startswith("epoch 2/"):
+            break
+    tasks = descendants(process)
+    process.send_signal(signum)
+    stdout, stderr, _, pids = watch(process, timeout_s=120)
+    assert process.returncode == code and "Traceback" not in stderr, stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "KILLED" and summary["figures"]["num_timed_steps"] >= 2 * (22 - 2)
+    assert (tmp_path / "run" / "checkpoint" / "state.json").is_file()
+    from mlflow import MlflowClient
+
+    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(summary["run_id"])
+    assert run.info.status == "KILLED" and run.data.tags["bwopt.end_reason"] == f"stopped by {signum.name}"
+    assert_gone(pids | {task.pid for task in tasks})
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"task": {"type": "worker", "index": 0}}', 'TF_CONFIG has no "cluster" of jobs'),
+        ('{"cluster": {"worker": "127.0.0.1:1"}, "task": {"type": "worker"}}', 'TF_CONFIG has no "cluster" of jobs'),
+        ('{"cluster": {"worker": ["127.0.0.1:1"]}}', 'TF_CONFIG has no "task"'),
+        ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": "0"}}', "task index '0'"),
+        ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": true}}', "task index True"),
+        ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": -1}}', "task index -1"),
+    ],
+)
+def test_every_malformed_tf_config_names_what_is_wrong(monkeypatch, text, message):
+    from bwopt.cluster import ClusterEnvironmentError, check_tf_config
+
+    monkeypatch.setenv("TF_CONFIG", text)
+    with pytest.raises(ClusterEnvironmentError, match=re.escape(message)):
+        check_tf_config("tf_config")
+
+
+@pytest.mark.parametrize(
+    "procid, num_tasks, message",
+    [
+        ("x", "2", "SLURM_PROCID='x' is not a task count or rank"),
+        ("0", "two", "SLURM_STEP_NUM_TASKS='two' is not a task count or rank"),
+        ("2", "2", "SLURM_PROCID=2 is beyond SLURM_STEP_NUM_TASKS=2"),
+    ],
+)
+def test_slurm_variables_that_do_not_describe_a_task_are_named(monkeypatch, procid, num_tasks, message):
+    from bwopt.cluster import SLURM_VARIABLES, ClusterEnvironmentError, check_slurm
+
+    for name in SLURM_VARIABLES:
+        monkeypatch.setenv(name, "node1")
+    monkeypatch.setenv("SLURM_PROCID", procid)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", num_tasks)
+    strategy = validate(compose_config(["strategy=multi_worker_mirrored", "cluster=slurm"])).strategy
+    with pytest.raises(ClusterEnvironmentError, match=re.escape(message)):
+        check_slurm(strategy)

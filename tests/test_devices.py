@@ -5,6 +5,7 @@ import pytest
 TINY = ["train.epochs=2", "train.warmup_steps=3"]
 
 
+@pytest.mark.slow  # trains for seconds
 def test_bfloat16_precision_is_the_keras_policy_of_the_run(run_experiment):
     import keras
 
@@ -16,11 +17,13 @@ def test_bfloat16_precision_is_the_keras_policy_of_the_run(run_experiment):
         keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.slow  # trains for seconds
 def test_xla_compiled_step_trains(run_experiment):
     summary = run_experiment(*TINY, "device.jit_compile=true", "train.epochs=2")
     assert summary.final_metrics["val_accuracy"] > 0.5
 
 
+@pytest.mark.slow  # seconds to find no TPU
 def test_tpu_target_fails_with_a_clear_message_here(run_experiment):
     from bwopt.devices import DeviceError
 
@@ -41,6 +44,7 @@ def test_gpu_target_fails_with_a_clear_message_here(run_experiment, mlflow_clien
     assert mlflow_client.get_experiment_by_name("no_gpu") is None
 
 
+@pytest.mark.slow  # trains for seconds
 def test_other_cpu_count_in_an_initialised_process_is_refused(run_experiment):
     from bwopt.devices import DeviceError
 

@@ -1,6 +1,8 @@
 """Input planning: sizes and timed steps from the config, before TensorFlow; then real runs that honour them."""
 
 import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conftest import compose_config
@@ -54,11 +56,13 @@ def _synthetic():
     return load_synthetic(validate(compose_config(["data=synthetic", "data.dtype=float32"])).data, 0)
 
 
+@pytest.mark.slow  # trains for seconds
 def test_steps_per_epoch_sets_the_number_of_steps(run_experiment):
     summary = run_experiment("train.warmup_steps=2", "train.steps_per_epoch=7", "train.epochs=2")
     assert summary.figures.num_timed_steps == 2 * 7 - 2 * 2
 
 
+@pytest.mark.slow  # trains for seconds
 @pytest.mark.parametrize(
     "overrides,timed",
     [
@@ -107,9 +111,114 @@ def test_a_split_that_holds_out_nothing_is_refused_before_training():
     ],
 )
 def test_data_and_batches_too_large_for_memory_are_refused_before_loading(overrides, key):
-    from bwopt.inputs import check_fits_in_memory
+    from bwopt.memory import check_fits_in_memory
 
     config = validate(compose_config(overrides))
     with pytest.raises(ConfigError, match=rf"{re.escape(key)}.* GiB of memory is free; lower it"):
         check_fits_in_memory(config, available_bytes=8 * 2**30)
     check_fits_in_memory(validate(compose_config()), available_bytes=8 * 2**30)  # the default fits
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["data=sample_images", "pipeline.shuffle_buffer=100000000"], "pipeline.shuffle_buffer=100000000"),
+        (["data=sample_images", "data.image_size=[64,64]", "pipeline.prefetch=1000000"], "pipeline.prefetch=1000000"),
+        (["data=synthetic", "data.image_shape=[64,64,3]", "pipeline.cache=memory"], "pipeline.cache=memory"),
+        (["pipeline.distribute.per_replica_buffer_size=100000000"], "pipeline.distribute.per_replica_buffer_size="),
+    ],
+)
+def test_buffers_beyond_memory_are_refused_naming_the_key_and_the_gib(overrides, key):
+    from bwopt.memory import buffer_bytes, check_buffers_fit
+
+    config = validate(compose_config(overrides))
+    # A 32x32x3 float32 image per element; 40,000 of them for training, as in the crash this prevents.
+    input_plan = replace(planned(), num_train_examples=40_000, bytes_per_example=32 * 32 * 3 * 4 + 4)
+    sizes = {name: size for name, _, size in buffer_bytes(config, input_plan, input_plan.bytes_per_example)}
+    if "shuffle" in key:  # every slot is allocated up front, though an epoch fills 40,000 of them
+        assert sizes["pipeline.shuffle_buffer"] == 40_000 * (32 * 32 * 3 * 4 + 4) + 24 * 100_000_000
+    available = 512 * 2**20 if "cache" in key else 2 * 2**30
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}.* needs about [\d.,]+ GiB .* GiB of memory is free"):
+        check_buffers_fit(config, input_plan, input_plan.bytes_per_example, available_bytes=available)
+    check_buffers_fit(validate(compose_config()), input_plan, input_plan.bytes_per_example, available)  # defaults fit
+
+
+def test_the_services_workers_each_hold_a_shuffle_buffer_and_a_cache_and_remote_ones_none_here():
+    from bwopt.memory import buffer_bytes
+
+    input_plan = replace(planned(), num_train_examples=40_000, bytes_per_example=32 * 32 * 3 * 4 + 4)
+
+    def sizes(*overrides):
+        config = validate(compose_config(["pipeline.cache=memory", *overrides]))
+        return {name: size for name, _, size in buffer_bytes(config, input_plan, input_plan.bytes_per_example)}
+
+    alone = sizes()
+    local = sizes("pipeline.service.mode=local", "pipeline.service.num_workers=3")
+    remote = sizes("pipeline.service.mode=remote", "pipeline.service.address=grpc://127.0.0.1:5050")
+    for key in ("pipeline.shuffle_buffer", "pipeline.cache"):
+        assert local[key] == 3 * alone[key] > 0 and remote[key] == 0
+    assert local["pipeline.distribute.per_replica_buffer_size"] == alone["pipeline.distribute.per_replica_buffer_size"]
+
+
+def test_the_memory_free_is_capped_by_an_address_space_limit():
+    import resource
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; from bwopt.memory import available_memory_bytes as a; free = a(); "
+        "resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, resource.RLIM_INFINITY)); print(free, a())"
+    )
+    unlimited, limited = map(
+        int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    )
+    assert resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
+    assert 0 < limited < 2 * 2**30 and limited < unlimited
+
+
+def cached_examples(prefix: Path) -> int:
+    """Examples a complete tf.data file cache holds, read back by tf.data itself."""
+    import numpy as np
+    import tensorflow as tf
+
+    shape = load_digits().features.shape[1:]
+    empty = tf.data.Dataset.from_tensor_slices((np.zeros((0, *shape), np.float32), np.zeros(0, np.int32)))
+    return int(empty.cache(str(prefix)).reduce(0, lambda count, _: count + 1))
+
+
+@pytest.mark.slow  # trains three times
+def test_a_file_cache_is_keyed_by_the_split_and_never_read_by_another(tmp_path, run_experiment):
+    cache = tmp_path / "cache" / "train"  # its folder does not exist yet: bwopt makes it
+    common = ["tracking=none", "train.epochs=2", "pipeline.cache=file", f"pipeline.cache_path={cache}"]
+    counts = {}
+    for fraction in (0.5, 0.1):
+        summary = run_experiment(*common, "split=uniform", f"split.validation_fraction={fraction}")
+        indexes = {path.name for path in cache.parent.glob("train-*.index")}
+        (new,) = indexes - set(counts)
+        own = planned("split=uniform", f"split.validation_fraction={fraction}").num_train_examples
+        # Each run trained on its own split (899 and 1,617 of the 1,797 digits), never the other's cache.
+        assert cached_examples(cache.parent / new.removesuffix(".index")) == own and summary.figures.num_timed_steps
+        counts[new] = own
+    assert sorted(counts.values()) == [899, 1617]
+    first = sorted(cache.parent.glob("train-*.index"))
+    stamps = [path.stat().st_mtime_ns for path in first]
+    run_experiment(*common, "split=uniform", "split.validation_fraction=0.1")  # the same settings: read, not rewritten
+    assert sorted(cache.parent.glob("train-*.index")) == first and [p.stat().st_mtime_ns for p in first] == stamps
+
+
+@pytest.mark.slow  # trains once
+def test_an_unfinished_file_cache_is_removed_and_written_afresh(tmp_path, run_experiment, capfd):
+    cache = tmp_path / "train"
+    common = ["tracking=none", "train.epochs=2", "pipeline.cache=file", f"pipeline.cache_path={cache}"]
+    run_experiment(*common)
+    (index,) = tmp_path.glob("train-*.index")
+    prefix = str(index).removesuffix(".index")
+    # What a writer killed half-way leaves: a lockfile and temporary state, no index.
+    for path in tmp_path.glob("train-*"):
+        path.unlink()
+    Path(f"{prefix}_0.lockfile").write_text("Created at: 1796124903")
+    Path(f"{prefix}_0.data-00000-of-00001.tempstate123").write_bytes(b"\0" * 1000)
+    capfd.readouterr()
+    run_experiment(*common)
+    assert "removed the unfinished file cache" in capfd.readouterr().err
+    assert cached_examples(Path(prefix)) == 1438 and not list(tmp_path.glob("train-*_0.*"))

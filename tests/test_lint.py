@@ -2,9 +2,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # runs ruff in a process
 def test_ruff_finds_nothing():
     result = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "bwopt", "tests", "benchmarks"],

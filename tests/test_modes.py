@@ -11,6 +11,7 @@ from bwopt.app import config_dir
 TINY = ["train.epochs=2", "train.warmup_steps=3"]
 
 
+@pytest.mark.slow  # trains for seconds
 def test_ceilings_efficiency_memory_and_recommendation_are_logged(run_experiment, mlflow_client):
     summary = run_experiment(*TINY, "measure.ceilings=true", "measure.ceiling_steps=20")
     metrics = mlflow_client.get_run(summary.run_id).data.metrics
@@ -40,6 +41,7 @@ def test_ceilings_efficiency_memory_and_recommendation_are_logged(run_experiment
     assert summary.figures.verdict.split(":")[0] in summary.recommendation
 
 
+@pytest.mark.slow
 def test_input_mode_trains_nothing_and_reports_bytes(run_experiment, mlflow_client):
     summary = run_experiment("mode=input", "train.epochs=1", "pipeline.transfer_dtype=uint8")
     run = mlflow_client.get_run(summary.run_id)
@@ -51,6 +53,7 @@ def test_input_mode_trains_nothing_and_reports_bytes(run_experiment, mlflow_clie
     )
 
 
+@pytest.mark.slow  # trains for seconds
 def test_inference_after_training_and_inference_mode(run_experiment, mlflow_client):
     trained = run_experiment(*TINY, "measure.inference_batch_sizes=[1,64]", "measure.inference_batches=5")
     metrics = mlflow_client.get_run(trained.run_id).data.metrics
@@ -61,6 +64,7 @@ def test_inference_after_training_and_inference_mode(run_experiment, mlflow_clie
     assert fresh.measurements["inference_bs8_examples_per_s"] > 0 and fresh.figures is None
 
 
+@pytest.mark.slow  # trains for seconds
 def test_profile_of_a_step_range_is_an_artifact_and_left_out_of_the_figures(run_experiment, mlflow_client):
     summary = run_experiment(*TINY, "measure.profile_start_step=5", "measure.profile_num_steps=2")
     artifacts = [item.path for item in mlflow_client.list_artifacts(summary.run_id, "profile")]
@@ -69,6 +73,7 @@ def test_profile_of_a_step_range_is_an_artifact_and_left_out_of_the_figures(run_
     assert summary.figures.num_timed_steps == 2 * (22 - 3) - 2
 
 
+@pytest.mark.slow  # trains for seconds
 @pytest.mark.parametrize("compression", ["NONE", "GZIP"])
 def test_tfrecord_materialisation_trains_and_logs_file_figures(run_experiment, mlflow_client, tmp_path, compression):
     summary = run_experiment(
@@ -98,6 +103,7 @@ def test_tfrecord_materialisation_trains_and_logs_file_figures(run_experiment, m
     assert summary.final_metrics["val_accuracy"] > 0.5
 
 
+@pytest.mark.slow  # trains for seconds
 def test_user_tfrecord_files_are_a_data_source(run_experiment, tmp_path):
     from bwopt.data.sources import load_digits
     from bwopt.data.tfrecord import materialise
@@ -119,6 +125,7 @@ def test_user_tfrecord_files_are_a_data_source(run_experiment, tmp_path):
     assert summary.num_replicas == 1 and summary.final_metrics["val_accuracy"] > 0.5
 
 
+@pytest.mark.slow  # trains for seconds
 def test_distribute_datasets_from_function_gives_per_replica_batches(run_experiment):
     summary = run_experiment(
         *TINY,
@@ -150,6 +157,7 @@ def test_per_replica_batches_from_the_input_context(devices):
     assert [tuple(part.shape) for part in features] == [(32, 8, 8, 1), (32, 8, 8, 1)]
 
 
+@pytest.mark.slow  # seconds of input pipeline
 def test_worker_shards_of_the_input_are_disjoint_and_cover_the_split():
     """Two input pipelines (two workers) each read their own shard of the training split."""
     from conftest import compose_config
@@ -172,6 +180,7 @@ def experiment_presets():
     return sorted(path.stem for path in (Path(config_dir()) / "experiment").glob("*.yaml"))
 
 
+@pytest.mark.slow  # trains for seconds
 @pytest.mark.parametrize("preset", experiment_presets())
 def test_every_experiment_preset_runs_shrunk(run_experiment, preset):
     shrink = ["train.epochs=1", "train.warmup_steps=1", "measure.memcpy_bandwidth=false"]
@@ -192,6 +201,7 @@ def test_every_experiment_preset_runs_shrunk(run_experiment, preset):
     assert summary.status == "FINISHED" and summary.figures.num_timed_steps > 0
 
 
+@pytest.mark.slow  # seconds of input pipeline
 @pytest.mark.parametrize("fetch_to_device", [True, False])
 def test_input_options_reach_the_distributed_dataset(devices, fetch_to_device):
     import tensorflow as tf
@@ -221,6 +231,7 @@ def test_input_options_reach_the_distributed_dataset(devices, fetch_to_device):
     assert placed == (["CPU:0", "CPU:1"] if fetch_to_device else ["CPU:0", "CPU:0"])
 
 
+@pytest.mark.slow  # trains for seconds
 def test_a_file_source_is_materialised_too(run_experiment, tmp_path):
     """The artificial source, read once (its latencies paid once), then served from TFRecord shards."""
     summary = run_experiment(

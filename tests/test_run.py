@@ -11,6 +11,7 @@ from bwopt import train as train_module
 TINY = ["train.epochs=2", "train.warmup_steps=3"]
 
 
+@pytest.mark.slow  # trains for seconds
 def test_default_run_learns_digits_and_logs_everything(run_experiment, mlflow_client, tmp_path):
     summary = run_experiment()
     assert summary.status == "FINISHED"
@@ -51,6 +52,7 @@ def test_default_run_learns_digits_and_logs_everything(run_experiment, mlflow_cl
     # the 10 epochs are warm-up (the pipeline refills during validation).
     assert figures.num_timed_steps == 220 - 10 * 5
     assert run.data.tags["strategy"] == "default" and run.data.tags["num_replicas"] == "1"
+    assert run.data.tags["verdict"] == figures.verdict and "input_bound_verdict" not in run.data.tags  # one
     assert run.data.tags["tensorflow_version"].startswith("2.")
     assert run.data.tags["devices"] == "/device:CPU:0"
     artifacts = {item.path for item in mlflow_client.list_artifacts(summary.run_id)}
@@ -73,6 +75,7 @@ def test_default_run_learns_digits_and_logs_everything(run_experiment, mlflow_cl
     assert written["figures"]["step_time_p50_s"] == figures.step_time_p50_s
 
 
+@pytest.mark.slow  # trains for seconds
 def test_mirrored_runs_two_replicas_on_logical_cpus(run_experiment, mlflow_client):
     summary = run_experiment("strategy=mirrored", "pipeline.prefetch=10", *TINY)
     assert summary.num_replicas == 2
@@ -82,6 +85,7 @@ def test_mirrored_runs_two_replicas_on_logical_cpus(run_experiment, mlflow_clien
     assert run.data.params["pipeline.prefetch"] == "10"
 
 
+@pytest.mark.slow  # trains for seconds
 def test_mirrored_training_matches_single_device_training(run_experiment):
     """Two replicas on half batches each must follow the same trajectory as one replica."""
     exact = ["pipeline.shuffle_buffer=0", "train.epochs=1", "train.warmup_steps=1", "train.optimizer=sgd"]
@@ -91,11 +95,13 @@ def test_mirrored_training_matches_single_device_training(run_experiment):
         assert mirrored.final_metrics[key] == pytest.approx(single.final_metrics[key], rel=1e-4, abs=1e-5)
 
 
+@pytest.mark.slow  # trains for seconds
 def test_cnn_trains_on_digits(run_experiment):
     summary = run_experiment("model=cnn", "train.epochs=3", "train.warmup_steps=3")
     assert summary.status == "FINISHED" and summary.final_metrics["val_accuracy"] > 0.5
 
 
+@pytest.mark.slow  # trains for seconds
 def test_failed_run_is_marked_failed_and_keeps_what_was_measured(run_experiment, mlflow_client, monkeypatch):
     real_evaluate = train_module.evaluate
     calls = []
@@ -117,12 +123,14 @@ def test_failed_run_is_marked_failed_and_keeps_what_was_measured(run_experiment,
     assert run.data.metrics["num_timed_steps"] == 2 * (22 - 5)
 
 
+@pytest.mark.slow  # trains for seconds
 def test_tracking_none_runs_without_a_store(run_experiment, tmp_path):
     summary = run_experiment("tracking=none", *TINY)
     assert summary.run_id is None and summary.status == "FINISHED"
     assert (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_a_config_that_would_time_no_step_is_refused_before_the_run(run_experiment, mlflow_client):
     from bwopt.schema import ConfigError
 
@@ -131,6 +139,7 @@ def test_a_config_that_would_time_no_step_is_refused_before_the_run(run_experime
     assert mlflow_client.get_experiment_by_name("none_timed") is None
 
 
+@pytest.mark.slow  # trains for seconds
 def test_secrets_reach_neither_mlflow_nor_the_run_folder_nor_the_terminal(
     run_experiment, mlflow_client, tmp_path, monkeypatch, capsys
 ):

@@ -32,6 +32,12 @@ def test_every_option_of_every_group_composes_and_validates(group, option):
         overrides.append("split=uniform")
     if group == "data" and option == "tfrecord":
         overrides += ["data.file_pattern=/data/*.tfrecord", "data.feature_shape=[8]", "data.num_classes=2"]
+    if group == "data" and option == "images":
+        overrides.append("data.directory=/data/images")
+    if group == "data" and option == "custom":
+        overrides += ["split=uniform", "data._target_=bwopt.data.split.shard", "data.num_classes=2"]
+    if group == "model" and option == "custom":  # the user's model is required: no default stands in for it
+        overrides.append("model._target_=models_fixture.mymodels.small_cnn")
     config = validate(compose_config(overrides))
     assert isinstance(config, Config)
     assert getattr(config, group).name == option
@@ -105,6 +111,7 @@ BAD_COMMAND_LINES = {
 }
 
 
+@pytest.mark.slow  # python -m bwopt in a process
 @pytest.mark.parametrize("case", sorted(BAD_COMMAND_LINES))
 def test_bad_command_line_fails_fast_without_a_run(case, tmp_path):
     overrides, expected = BAD_COMMAND_LINES[case]
@@ -123,6 +130,7 @@ def test_bad_command_line_fails_fast_without_a_run(case, tmp_path):
     assert count_runs(database) == 0
 
 
+@pytest.mark.slow  # fresh processes
 def test_validation_and_help_do_not_import_tensorflow(tmp_path):
     probe = (
         "import sys\n"
@@ -231,6 +239,7 @@ def test_two_runs_in_the_same_second_get_folders_of_their_own():
     assert len(folders) == 3
 
 
+@pytest.mark.slow  # python -m bwopt in a process
 def test_the_working_directory_as_run_folder_is_refused(tmp_path):
     result = run_bwopt("hydra.run.dir=''", cwd=tmp_path)
     assert result.returncode == 2
@@ -238,8 +247,9 @@ def test_the_working_directory_as_run_folder_is_refused(tmp_path):
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "outputs" / "mlflow.db").exists()
 
 
+@pytest.mark.slow  # python -m bwopt in a process
 def test_a_run_folder_that_cannot_be_made_is_one_line_not_a_traceback(tmp_path):
     (tmp_path / "a_file").write_text("")  # a folder cannot be made inside a file, even by root
     result = run_bwopt(f"hydra.run.dir={tmp_path}/a_file/run", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert f"hydra.run.dir={tmp_path}/a_file/run: the run folder cannot be made" in result.stderr
+    assert f"hydra.run.dir={tmp_path}/a_file/run: {tmp_path}/a_file is a file, not a folder" in result.stderr

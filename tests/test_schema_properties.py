@@ -64,6 +64,7 @@ VALUES = st.one_of(
 )
 
 
+@pytest.mark.slow  # 200 examples: over a minute
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(base=st.sampled_from(BASES), key=st.sampled_from(KEYS), value=VALUES)
 def test_any_value_for_any_key_is_valid_or_refused_naming_the_key(base, key, value):

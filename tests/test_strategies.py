@@ -18,6 +18,7 @@ def test_cross_device_ops_are_the_configured_all_reduce(devices, name, expected)
     assert strategy.num_replicas_in_sync == 2
 
 
+@pytest.mark.slow  # trains for seconds
 def test_one_device_runs_on_the_configured_device(run_experiment):
     summary = run_experiment(*TINY, "strategy=one_device", "strategy.device=/cpu:1")
     assert [device[-5:].upper() for device in summary.devices] == ["CPU:1"]
@@ -40,7 +41,7 @@ def test_multi_process_strategies_need_a_cluster_and_clusters_need_them():
 def test_a_local_parameter_server_cluster_has_a_chief_servers_and_workers_on_loopback():
     import json
 
-    from bwopt.cluster import local_tasks, tf_config
+    from bwopt.launch import local_tasks, tf_config
     from bwopt.schema import ParameterServerStrategy
 
     tasks = local_tasks(ParameterServerStrategy(num_ps=2), 2, [5001, 5002, 5003, 5004, 5005])

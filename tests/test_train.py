@@ -7,14 +7,14 @@ import pytest
 def build(strategy, global_batch_size):
     import keras
 
-    from bwopt.train import make_step_functions
+    from bwopt.train import StepSettings, make_step_functions
 
     with strategy.scope():
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
-    return model, make_step_functions(strategy, model, optimizer, global_batch_size, 1.0, jit_compile=False)
+    return model, make_step_functions(strategy, model, optimizer, StepSettings(global_batch_size))
 
 
 def batches(global_batch_size, num_batches):

@@ -25,7 +25,17 @@ from bwopt.schema.checks import (
     check_int_or_autotune,
 )
 from bwopt.schema.cluster import ClusterConfig, LocalCluster, NoCluster, SlurmCluster, TFConfigCluster
-from bwopt.schema.data import SPLITS, ArtificialData, DataConfig, DigitsData, SplitConfig, SyntheticData, TFRecordData
+from bwopt.schema.data import (
+    DATA_SCHEMAS,
+    SPLITS,
+    ArtificialData,
+    DataConfig,
+    DigitsData,
+    SplitConfig,
+    SyntheticData,
+    TFRecordData,
+    check_data_combination,
+)
 from bwopt.schema.devices import (
     COMMUNICATIONS,
     CROSS_DEVICE_OPS,
@@ -43,7 +53,7 @@ from bwopt.schema.devices import (
     TpuDevice,
     TpuStrategy,
 )
-from bwopt.schema.models import CnnModel, MlpModel, ModelConfig
+from bwopt.schema.models import CnnModel, CustomModel, KerasAppModel, MlpModel, ModelConfig, check_model_with_strategy
 from bwopt.schema.pipeline import (
     AUTO_SHARD_POLICIES,
     SERVICE_COMPRESSIONS,
@@ -56,6 +66,7 @@ from bwopt.schema.pipeline import (
     SnapshotConfig,
     TFRecordConfig,
 )
+from bwopt.schema.sweep import SweepConfig
 from bwopt.schema.tracking import MlflowTracking, NoTracking, TrackingConfig
 
 __all__ = [
@@ -76,6 +87,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "CpuDevice",
+    "CustomModel",
     "DataConfig",
     "DataServiceConfig",
     "DeviceConfig",
@@ -83,6 +95,7 @@ __all__ = [
     "DistributeInputConfig",
     "GpuDevice",
     "InterleaveConfig",
+    "KerasAppModel",
     "MODES",
     "MeasureConfig",
     "MlflowTracking",
@@ -100,6 +113,7 @@ __all__ = [
     "SnapshotConfig",
     "SplitConfig",
     "StrategyConfig",
+    "SweepConfig",
     "SyntheticData",
     "TFRecordConfig",
     "TFRECORD_COMPRESSIONS",
@@ -154,6 +168,7 @@ class TrainConfig:
     checkpoint_on_stop: bool = True
     optimizer: str = "adam"
     learning_rate: float = 1e-3
+    lr_schedule: str = "constant"  # or cosine: from learning_rate to 0 over the run's training steps
 
     def __post_init__(self) -> None:
         check_at_least("train.global_batch_size", self.global_batch_size, 1)
@@ -170,6 +185,7 @@ class TrainConfig:
                 f"{self.steps_per_execution}; every epoch runs whole executions, so use a multiple of it"
             )
         check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("train.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         if self.learning_rate <= 0:
             raise ConfigError(f"train.learning_rate={self.learning_rate!r}; expected a value > 0")
 
@@ -198,9 +214,13 @@ class MeasureConfig:
     progress: bool = True
     # PNG plots of the step times (and of the ceilings) in the run folder and in MLflow.
     plots: bool = True
+    # The timed window lasts at least this long: after the epochs, more training steps are timed
+    # until it does (their updates come after the reported epoch metrics); 0 = the epochs only.
+    min_timed_s: float = 3.0
 
     def __post_init__(self) -> None:
         check_at_least("measure.ceiling_steps", self.ceiling_steps, 2)
+        check_at_least("measure.min_timed_s", self.min_timed_s, 0.0)
         check_at_least("measure.ceiling_blocks", self.ceiling_blocks, 1)
         if self.ceiling_steps < 2 * self.ceiling_blocks:
             raise ConfigError(
@@ -228,6 +248,7 @@ class Config:
     cluster: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     seed: int = 0
     # Show everything TensorFlow and MLflow print (bwopt.quiet hides their start-up chatter).
     verbose: bool = False
@@ -264,6 +285,7 @@ def check_valid_combination(config: Config) -> None:
                 f"strategy.num_stages={config.strategy.num_stages} needs as many devices, but "
                 f"device.num_cpu_devices={config.device.num_cpu_devices}; raise it or use fewer stages"
             )
+    check_model_with_strategy(config.model, config.strategy.name)
     if (config.strategy.name == "tpu") != (config.device.name == "tpu"):
         raise ConfigError(
             f"strategy={config.strategy.name} with device={config.device.name}: "
@@ -283,6 +305,7 @@ def check_valid_combination(config: Config) -> None:
         raise ConfigError(
             "data.step_compute_s sleeps in Python, which XLA cannot compile; set device.jit_compile=false"
         )
+    check_data_combination(config)
     check_cluster(config)
     if config.num_replicas:
         check_batch_divisible(config, config.num_replicas)
@@ -323,12 +346,7 @@ def check_batch_divisible(config: Config, num_replicas: int) -> None:
 
 
 SCHEMAS = {
-    "data": {
-        "digits": DigitsData,
-        "synthetic": SyntheticData,
-        "artificial": ArtificialData,
-        "tfrecord": TFRecordData,
-    },
+    "data": DATA_SCHEMAS,
     "split": {"uniform": SplitConfig, "stratified": SplitConfig},
     "pipeline": {"base": PipelineConfig},
     "device": {"cpu": CpuDevice, "gpu": GpuDevice, "tpu": TpuDevice},
@@ -341,7 +359,7 @@ SCHEMAS = {
         "multi_worker_mirrored": MultiWorkerMirroredStrategy,
         "parameter_server": ParameterServerStrategy,
     },
-    "model": {"mlp": MlpModel, "cnn": CnnModel},
+    "model": {"mlp": MlpModel, "cnn": CnnModel, "keras_app": KerasAppModel, "custom": CustomModel},
     "tracking": {"mlflow": MlflowTracking, "none": NoTracking},
     "cluster": {"none": NoCluster, "local": LocalCluster, "tf_config": TFConfigCluster, "slurm": SlurmCluster},
 }

@@ -11,6 +11,13 @@ from bwopt.schema.checks import ConfigError, check_at_least
 @dataclass
 class ClusterConfig:
     name: str = MISSING
+    # Seconds a task waits for the other tasks of its cluster to start (a task that never starts would
+    # hold TensorFlow's start-up forever); then it ends naming the tasks that did not answer.
+    startup_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not self.startup_timeout_s > 0:
+            raise ConfigError(f"cluster.startup_timeout_s={self.startup_timeout_s!r}; expected seconds > 0")
 
 
 @dataclass
@@ -29,15 +36,20 @@ class LocalCluster(ClusterConfig):
     num_workers: int = 2
     # Seconds a stopped task gets to end on its own after SIGTERM before it is killed.
     stop_grace_s: float = 5.0
+    # After Ctrl-C or SIGTERM, seconds the chief gets to end its run KILLED with what it measured
+    # (summary.json, checkpoint, MLflow) before the other tasks are stopped.
+    chief_stop_s: float = 60.0
     # TensorFlow's gRPC servers bind every interface; bwopt rebinds them to 127.0.0.1 with a small
     # LD_PRELOAD library (built with the C compiler). Without one it refuses on a host with a
     # non-loopback address, unless this is true.
     allow_external_interfaces: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_at_least("cluster.num_workers", self.num_workers, 1)
-        if not self.stop_grace_s > 0:
-            raise ConfigError(f"cluster.stop_grace_s={self.stop_grace_s!r}; expected seconds > 0")
+        for key in ("stop_grace_s", "chief_stop_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"cluster.{key}={getattr(self, key)!r}; expected seconds > 0")
 
 
 @dataclass
@@ -59,4 +71,5 @@ class SlurmCluster(ClusterConfig):
     gpus_per_task: Optional[int] = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_at_least("cluster.port_base", self.port_base, 1024)

@@ -17,6 +17,9 @@ from bwopt.schema.checks import (
 
 # --- pipeline ---------------------------------------------------------------
 
+# How encoded images are preprocessed (bwopt.preprocess builds each).
+PREPROCESSINGS = ("none", "imagenet")
+
 AUTO_SHARD_POLICIES = ("AUTO", "OFF", "FILE", "DATA", "HINT")
 # How elements travel from tf.data service workers to the trainer (bwopt.data.service maps each).
 SERVICE_COMPRESSIONS = ("AUTO", "NONE", "SNAPPY")
@@ -178,6 +181,12 @@ class PipelineConfig:
     cache_path: str = ""
     # Host dtype of the features: the cast and normalisation happen on the device.
     transfer_dtype: str = "float32"
+    # Encoded images (data=images, sample_images, tfrecord with data.format=image), per element:
+    # none: decode, resize; imagenet: training decode, random crop, flip, resize; validation
+    # decode, center crop, resize (TF Model Garden's classification preprocessing).
+    preprocess: str = "none"
+    # Decode only a JPEG's crop window (tf.io.decode_and_crop_jpeg) instead of the whole image.
+    fused_decode_crop: bool = True
     interleave: InterleaveConfig = field(default_factory=InterleaveConfig)
     tfrecord: TFRecordConfig = field(default_factory=TFRecordConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
@@ -194,3 +203,10 @@ class PipelineConfig:
         if self.cache == "file" and not self.cache_path:
             raise ConfigError("pipeline.cache='file' needs pipeline.cache_path (a file prefix)")
         check_choice("pipeline.transfer_dtype", self.transfer_dtype, TRANSFER_DTYPES)
+        check_choice("pipeline.preprocess", self.preprocess, PREPROCESSINGS)
+        if self.preprocess == "imagenet" and self.vectorized_map:
+            raise ConfigError(
+                "pipeline.preprocess=imagenet crops every image to its own window, so images of different "
+                "sizes cannot be batched before it, as pipeline.vectorized_map=true would; set "
+                "pipeline.vectorized_map=false"
+            )

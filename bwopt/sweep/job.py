@@ -1,14 +1,64 @@
-"""One job of a sweep, in the fresh process bwopt's launcher starts: `python -m bwopt.sweep.job JOB RESULT`.
+"""One job of a sweep, in the fresh process bwopt's launcher starts: `python -m bwopt.sweep.job JOB RESULT`,
+and how the launcher tells how a job ended.
 
 JOB holds what Hydra's own launcher would pass to `run_job` in-process (see bwopt.sweep.launcher);
-RESULT receives the job's status and return value. Exit code: 0 when the task completed, 1 when it raised (the traceback
-is printed here, where it happened), the task's own code when it called sys.exit.
+RESULT receives the job's status and return value. Exit code: 0 when the task completed, 1 when it
+raised (the traceback is printed here, where it happened), the task's own code when it called
+sys.exit, 128 + the signal's number when a signal stopped it (130 SIGINT, 143 SIGTERM, 129 SIGHUP;
+its run ended KILLED, one line, no traceback).
 """
 
 import pickle
+import signal
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Sequence
+
+from hydra.core.utils import JobReturn, filter_overrides
+
+
+class JobCrashed(RuntimeError):
+    """A job's process ended without handing back its result."""
+
+
+@dataclass
+class FailedJobReturn(JobReturn):
+    """A failed job's JobReturn; reading its `return_value` (as Hydra's sweepers do to fail a sweep)
+    prints one line naming the first failed job of the batch and exits 1, instead of a traceback."""
+
+    first_failure: str = ""
+
+    @property
+    def return_value(self):
+        print(f"bwopt: sweep failed: {self.first_failure}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+    @return_value.setter
+    def return_value(self, value) -> None:
+        self._return_value = value
+
+
+def shown(overrides: Optional[Sequence[str]]) -> str:
+    return " ".join(filter_overrides(list(overrides or []))) or "no overrides"
+
+
+def how_it_ended(exit_code: int) -> str:
+    """A job process's end, from its exit code."""
+    if exit_code < 0:
+        return f"was killed by {signal.Signals(-exit_code).name}"
+    if exit_code - 128 in {int(signum) for signum in signal.Signals}:
+        return f"was stopped by {signal.Signals(exit_code - 128).name} (exit code {exit_code})"
+    return f"exited with code {exit_code} without a result"
+
+
+def describe_failure(num: int, overrides: Optional[Sequence[str]], error) -> str:
+    """One line: the job, its overrides and how it failed."""
+    if isinstance(error, JobCrashed):
+        return str(error)
+    text = str(error).strip()
+    return f"job #{num} ({shown(overrides)}) failed: {type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def main(job_file: Path, result_file: Path) -> int:
@@ -20,17 +70,21 @@ def main(job_file: Path, result_file: Path) -> int:
 
     from bwopt.signals import STOP
 
-    STOP.install()  # as `python -m bwopt` does: SIGINT/SIGTERM end the run KILLED at a step boundary
-    state = pickle.loads(state)
-    Singleton.set_state(state["singleton_state"])
-    setup_globals()
-    result = run_job(
-        hydra_context=state["hydra_context"],
-        task_function=state["task_function"],
-        config=state["config"],
-        job_dir_key="hydra.sweep.dir",
-        job_subdir_key="hydra.sweep.subdir",
-    )
+    STOP.install()  # as `python -m bwopt` does: a signal ends the run KILLED
+    try:
+        state = pickle.loads(state)
+        Singleton.set_state(state["singleton_state"])
+        setup_globals()
+        result = run_job(
+            hydra_context=state["hydra_context"],
+            task_function=state["task_function"],
+            config=state["config"],
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+    except KeyboardInterrupt:  # the run ended KILLED and printed what it measured
+        print(f"bwopt: job stopped by {STOP.requested or 'SIGINT'}", file=sys.stderr, flush=True)
+        return STOP.exit_code
     # The status and return value only: the launcher holds the job's config (whose pickled form names
     # classes that Hydra's plugin scan imported afresh here, so it would not load there).
     outcome = {"status": result.status.name, "return_value": result._return_value, "working_dir": result.working_dir}

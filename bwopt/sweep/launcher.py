@@ -16,7 +16,12 @@ config error, a segfault, `kill -9`) is a process without a result file, its exi
 it ended, and the launcher records a failed JobReturn and goes on with the next job. Jobs run in
 their own session, so Ctrl-C reaches the launcher alone: it forwards one signal to the running
 jobs (each ends its MLflow run KILLED at its next step), starts no more, writes the report, ends
-the parent run KILLED and re-raises.
+the parent run KILLED (with `bwopt.end_reason`) and re-raises. Jobs die with the launcher, even
+when it is killed (PR_SET_PDEATHSIG).
+
+A failed job is one line in the log (its number, its overrides, how it ended) and, when Hydra's
+sweeper asks for the outcome of a failed override set, one line naming the first failed job of
+the batch; the sweep then exits 1 without a traceback (`FailedJobReturn`).
 
 Folders and order: with N override sets and `repeats` = k, the launcher starts N x k jobs in
 rounds, A B C A B C ..., so that drift of the machine falls on every set alike. Job number n,
@@ -31,7 +36,7 @@ repeat's JobReturn (with the failure) stands for it.
 
 At the end of every batch, even when jobs failed (Hydra then skips its own end-of-sweep
 callbacks), the report of the whole sweep folder is written (bwopt.sweep.report) and, with
-`tracking=mlflow`, logged to the sweep's parent run (bwopt.sweep.parent).
+`tracking=mlflow`, logged to the sweep's parent run (bwopt.tracking.sweeps).
 """
 
 import copy
@@ -56,6 +61,9 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from bwopt.redact import redact_in_place
+from bwopt.sweep.job import FailedJobReturn, JobCrashed, describe_failure, how_it_ended, shown
+
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.2
@@ -77,10 +85,6 @@ class BwoptLauncherConf:
     max_parallel: int = 1
     repeats: int = 1
     stop_timeout_s: float = 120.0
-
-
-class JobCrashed(RuntimeError):
-    """A job's process ended without handing back its result."""
 
 
 @dataclass
@@ -108,30 +112,50 @@ class ProcessPerJobLauncher(Launcher):
     """The launcher behind `hydra/launcher=bwopt` (Hydra instantiates its subclass in hydra_plugins)."""
 
     def __init__(self, max_parallel: int = 1, repeats: int = 1, stop_timeout_s: float = 120.0) -> None:
-        if max_parallel < 1 or repeats < 1:
-            raise ValueError(
-                f"hydra.launcher.max_parallel={max_parallel} and hydra.launcher.repeats={repeats} must both be >= 1"
-            )
+        # Checked in `setup`: Hydra wraps an error raised here in a traceback of its own.
         self.max_parallel = max_parallel
         self.repeats = repeats
         self.stop_timeout_s = stop_timeout_s
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.task_function: Optional[TaskFunction] = None
-        self.parent = None  # bwopt.sweep.parent.ParentRun, kept across the batches of one sweep
+        self.parent = None  # bwopt.tracking.ParentRun, kept across the batches of one sweep
         self.parent_name: Optional[str] = None  # set by a sweeper (bwopt.sweep.search); else from the overrides
+        # the keys the jobs' runs are named by: set by a sweeper (the searched keys); else those that vary in a batch
+        self.swept_keys: Optional[List[str]] = None
+        self._named_by: List[str] = []
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self._refuse_invalid_settings()
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+
+    def _refuse_invalid_settings(self) -> None:
+        """`hydra.launcher.*` checked like any other key: one line, exit 2, nothing started."""
+        problems = [
+            f"hydra.launcher.{key}={value!r} is out of range; expected {expected}"
+            for key, value, valid, expected in (
+                ("max_parallel", self.max_parallel, self.max_parallel >= 1, "an integer >= 1 (jobs at once)"),
+                ("repeats", self.repeats, self.repeats >= 1, "an integer >= 1 (runs of each override set)"),
+                ("stop_timeout_s", self.stop_timeout_s, self.stop_timeout_s > 0, "seconds > 0"),
+            )
+            if not valid
+        ]
+        if problems:
+            print(f"bwopt: invalid config: {'; '.join(problems)}", file=sys.stderr, flush=True)
+            sys.exit(2)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        redact_in_place(sweep_dir)  # Hydra's multirun.yaml
         jobs = self._plan(job_overrides, initial_job_idx, sweep_dir)
+        from bwopt.sweep.parent import varied_keys
+
+        self._named_by = self.swept_keys if self.swept_keys is not None else varied_keys(job_overrides)
         self._refuse_invalid_jobs(jobs)
         log.info(f"Launching {len(jobs)} jobs, each in a fresh process, {self.max_parallel} at a time")
         from bwopt.quiet import quiet_libraries
@@ -144,8 +168,13 @@ class ProcessPerJobLauncher(Launcher):
             self._run_all(jobs, sweep_dir, returns)
             status = "FINISHED"
         finally:
-            self._finish(sweep_dir, status)
-        return self._per_override_set(jobs, returns)
+            try:
+                self._finish(sweep_dir, status)
+            finally:
+                from bwopt.signals import STOP
+
+                STOP.finishing = False
+        return self._per_override_set(jobs, returns, sweep_dir)
 
     def _plan(self, job_overrides: Sequence[Sequence[str]], first: int, sweep_dir: Path) -> List[Job]:
         """Every job of this batch in launch order: k rounds over the override sets (see the module doc)."""
@@ -191,21 +220,23 @@ class ProcessPerJobLauncher(Launcher):
 
     def _run_all(self, jobs: List[Job], sweep_dir: Path, returns: Dict[int, JobReturn]) -> None:
         """Start jobs in order, at most max_parallel at a time; on Ctrl-C or SIGTERM stop them and re-raise."""
-        from bwopt.signals import STOP  # set by the first SIGINT/SIGTERM of `python -m bwopt`
+        from bwopt.signals import STOP  # set by the first signal to `python -m bwopt`
 
         pending, running = deque(jobs), []
         with tempfile.TemporaryDirectory(prefix="bwopt-sweep-") as scratch:
             try:
-                while pending or running:
-                    if STOP.requested:
-                        raise KeyboardInterrupt(f"sweep stopped by {STOP.requested}")
-                    while pending and len(running) < self.max_parallel:
-                        running.append(self._start(pending.popleft(), Path(scratch), sweep_dir))
-                    for ended in [item for item in running if item.process.poll() is not None]:
-                        running.remove(ended)
-                        returns[ended.job.num] = self._collect(ended)
-                    time.sleep(POLL_INTERVAL_S)
+                with STOP.deferred():  # the first signal is seen here, between two polls
+                    while pending or running:
+                        if STOP.requested:
+                            raise KeyboardInterrupt(f"sweep stopped by {STOP.requested}")
+                        while pending and len(running) < self.max_parallel:
+                            running.append(self._start(pending.popleft(), Path(scratch), sweep_dir))
+                        for ended in [item for item in running if item.process.poll() is not None]:
+                            running.remove(ended)
+                            returns[ended.job.num] = self._collect(ended)
+                        time.sleep(POLL_INTERVAL_S)
             except KeyboardInterrupt:
+                STOP.finishing = True  # a second signal now kills the jobs; a third stops the report
                 self._stop(running, signal.Signals[STOP.requested or "SIGINT"])
                 for ended in running:
                     returns[ended.job.num] = self._collect(ended)
@@ -225,12 +256,16 @@ class ProcessPerJobLauncher(Launcher):
         job_file.write_bytes(pickle.dumps((list(sys.path), _dumps(state))))
         env = {**os.environ, "BWOPT_SWEEP_DIR": str(sweep_dir.resolve())}
         env.pop("BWOPT_PARENT_RUN_ID", None)
+        env["BWOPT_SWEPT_KEYS"] = json.dumps(self._named_by)  # bwopt.tracking.names.run_name
         if self.parent is not None:
             env["BWOPT_PARENT_RUN_ID"] = self.parent.run_id
+        from bwopt.signals import die_with_this_process
+
         process = subprocess.Popen(
             [sys.executable, "-m", "bwopt.sweep.job", str(job_file), str(result_file)],
             env=env,
             start_new_session=True,  # Ctrl-C goes to the launcher, which stops the job once
+            preexec_fn=die_with_this_process(signal.SIGTERM),  # a killed launcher's job stops, its run KILLED
         )
         return RunningJob(job, process, result_file, time.monotonic(), time.time())
 
@@ -239,7 +274,7 @@ class ProcessPerJobLauncher(Launcher):
         job, exit_code = ended.job, ended.process.wait()
         outcome = {
             "status": "FAILED",
-            "return_value": JobCrashed(f"job #{job.num} ({' '.join(job.overrides)}) {_how_it_ended(exit_code)}"),
+            "return_value": JobCrashed(f"job #{job.num} ({shown(job.overrides)}) {how_it_ended(exit_code)}"),
             "working_dir": os.getcwd(),
         }
         if ended.result_file.is_file():
@@ -255,19 +290,28 @@ class ProcessPerJobLauncher(Launcher):
             _return_value=outcome["return_value"],
         )
         job.folder.mkdir(parents=True, exist_ok=True)
-        record = {
-            "num": job.num,
-            "repeat": job.repeat,
-            "overrides": job.overrides,
-            "exit_code": exit_code,
-            "status": result.status.name,
-            "started_at": ended.started_at,
-            "wall_s": round(time.monotonic() - ended.started_s, 3),
-        }
-        (job.folder / "job.json").write_text(json.dumps(record, indent=2))
+        record = {"num": job.num, "repeat": job.repeat, "overrides": job.overrides, "exit_code": exit_code}
+        record.update(status=result.status.name, started_at=ended.started_at)
+        record["wall_s"] = round(time.monotonic() - ended.started_s, 3)
         if result.status is not JobStatus.COMPLETED:
-            log.error(f"\t#{job.num} failed: {result._return_value}")
+            log.error(f"\t{describe_failure(job.num, job.overrides, result._return_value)}")
+            record["mlflow_run"] = self._run_left_behind(ended, exit_code)
+        (job.folder / "job.json").write_text(json.dumps(record, indent=2))
         return result
+
+    def _run_left_behind(self, ended: RunningJob, exit_code: int) -> Optional[dict]:
+        """A failed job's MLflow run when it wrote no summary.json: marked KILLED if the job was killed
+        (it could not end its run itself), and what it recorded, for the report (bwopt.sweep.results)."""
+        if self.config.tracking.name != "mlflow":
+            return None
+        from bwopt.tracking.runs import reap_runs
+        from bwopt.tracking.sweeps import job_run_figures
+
+        if exit_code < 0:
+            reap_runs(self.config.tracking)
+        if self.parent is None or (ended.job.folder / "summary.json").is_file():
+            return None
+        return job_run_figures(self.config.tracking, self.parent.run_id, ended.process.pid)
 
     def _stop(self, running: List[RunningJob], signum: signal.Signals) -> None:
         """Ask running jobs to stop (they end their runs KILLED); kill them after stop_timeout_s or a second signal."""
@@ -283,14 +327,25 @@ class ProcessPerJobLauncher(Launcher):
                     item.process.kill()
                     item.process.wait()
 
-    def _per_override_set(self, jobs: List[Job], returns: Dict[int, JobReturn]) -> List[JobReturn]:
+    def _per_override_set(self, jobs: List[Job], returns: Dict[int, JobReturn], sweep_dir: Path) -> List[JobReturn]:
         """One JobReturn per override set, in Hydra's order, its repeats folded (see the module doc)."""
+        failures = {num: result for num, result in sorted(returns.items()) if result.status is not JobStatus.COMPLETED}
+        first_failure = ""
+        if failures:
+            num, result = next(iter(failures.items()))
+            first_failure = (
+                f"{describe_failure(num, result.overrides, result._return_value)}; {len(failures)} of "
+                f"{len(returns)} job(s) failed; see {sweep_dir / 'report.md'} and each job's folder"
+            )
         folded = []
         for index in sorted({job.index for job in jobs}):
             results = [returns[job.num] for job in jobs if job.index == index]
             failed = [result for result in results if result.status is not JobStatus.COMPLETED]
-            if failed or len(results) == 1:
-                folded.append((failed or results)[0])
+            if failed:
+                folded.append(FailedJobReturn(**vars(failed[0]), first_failure=first_failure))
+                continue
+            if len(results) == 1:
+                folded.append(results[0])
                 continue
             objectives = [result._return_value for result in results]
             first = results[0]
@@ -303,7 +358,8 @@ class ProcessPerJobLauncher(Launcher):
         """With tracking=mlflow, one parent run for the whole sweep (kept across Hydra's batches)."""
         if self.config.tracking.name != "mlflow":
             return
-        from bwopt.sweep.parent import ParentRun, sweep_name
+        from bwopt.sweep.parent import sweep_name
+        from bwopt.tracking import ParentRun
 
         if self.parent is None:
             name = self.parent_name or sweep_name(job_overrides)
@@ -318,6 +374,8 @@ class ProcessPerJobLauncher(Launcher):
         report = None
         try:
             report = write_report(sweep_dir)
+            if report.ranking.sentence:  # the sweep's answer, with its interval, as the last word
+                log.info(report.ranking.sentence)
             log.info(f"Sweep report: {report.markdown_file}")
         except Exception as error:
             print(f"bwopt: warning: the sweep report could not be written: {error!r}", file=sys.stderr)
@@ -325,6 +383,11 @@ class ProcessPerJobLauncher(Launcher):
             return
         if status == "FINISHED" and report is not None and report.jobs and all(job.failed for job in report.jobs):
             status = "FAILED"
+        if status != "FINISHED":
+            from bwopt.signals import STOP
+
+            reason = f"stopped by {STOP.requested}" if status == "KILLED" and STOP.requested else "every job failed"
+            self.parent.annotate([], {"bwopt.end_reason": reason})
         self.parent.end(status, report)
 
 
@@ -334,9 +397,3 @@ def _dumps(state: dict) -> bytes:
     import cloudpickle
 
     return cloudpickle.dumps(state)
-
-
-def _how_it_ended(exit_code: int) -> str:
-    if exit_code < 0:
-        return f"was killed by {signal.Signals(-exit_code).name}"
-    return f"exited with code {exit_code} without a result"

@@ -4,15 +4,11 @@
 hydra-optuna-sweeper: it pins optuna<3 (2.10, 2021), whose sqlite storage fails under the
 SQLAlchemy 2 that MLflow 3 installs, so its studies could not be stored or resumed here.
 
-The search space is Hydra's sweep syntax, in `hydra.sweeper.params` or on the command line (the
-command line wins for a key it names):
-
-- `choice(0, 2, autotune)` or `0,2,autotune`: a categorical parameter;
-- `range(1, 9)`: the integers 1..8 (`range(1, 9, 2)`: every second one);
-- `interval(0.0001, 0.1)`: a float; `tag(log, interval(...))` samples it log-uniformly,
-  `tag(int, interval(1, 64))` as an integer.
-
-Any other override is fixed: every trial gets it as given.
+The search space is Hydra's sweep syntax (choice, range, interval: bwopt.sweep.space), in
+`hydra.sweeper.params` or on the command line (the command line wins for a key it names). Any
+other override is fixed: every trial gets it as given. A space that cannot be searched, or a bad
+sweeper setting, is one line and exit 2, before anything runs. A new study's first trial is the
+configured settings (the start), when every searched key has a value in its range.
 
 Each batch of `n_jobs` trials is asked of the study, launched (bwopt's launcher: each a fresh
 process, a child run of the search's parent run; job folder n is trial n), and told its values.
@@ -26,31 +22,52 @@ With `storage` (an Optuna URL such as sqlite:///outputs/optuna.db) and `study_na
 invocation loads the study and adds `n_trials` more; its sampler seed is shifted by the number of
 trials already there, so it does not replay the first invocation's random start-up trials.
 
+Accuracy is a constraint: each trial's final `val_accuracy` (summary.json) is recorded, and a trial
+whose accuracy is more than `sweep.accuracy_tolerance` below the best of the study learned worse:
+its settings changed what the model learned, not only how fast it was fed. Such a trial is logged
+when it finishes (against the best so far), listed under `learned_worse` and is never the best
+(nor on the Pareto front), however fast. When val_accuracy is itself an objective, the front
+trades it off openly and the constraint is not applied; `sweep.accuracy_tolerance=1` turns it off.
+
 At the end `search.yaml` in the sweep folder (and on the parent run) holds the best trial: its
-overrides and values, or with several objectives the Pareto front. A search in which no trial
-finished raises (Hydra then exits non-zero); one with some failed trials does not.
+overrides, values and val_accuracy, or with several objectives the Pareto front; by throughput,
+`against_start` compares it with the start (else the first trial; the runner-up when the start is
+best): the ratio, its 95 % interval and a word, faster / slower / no difference detected, the
+sentence logged and leading the parent run's description. A search in which no trial finished
+raises (Hydra then exits non-zero); one with some failed trials does not.
 """
 
-import json
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
-from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
+
+from bwopt.measure.uncertainty import compare, log_estimate
+from bwopt.schema import SweepConfig
+from bwopt.sweep.results import read_summary, summary_value
+from bwopt.sweep.space import (  # noqa: F401 (distribution: part of this module's interface)
+    SearchConfigError,
+    configured_params,
+    distribution,
+    override_value,
+    search_space,
+    trial_overrides,
+)
+from bwopt.sweep.sweeper import prepare_sweep
 
 log = logging.getLogger(__name__)
 
 TASK_OBJECTIVE = "throughput_examples_per_s"  # what bwopt.app.run_job returns
-SUMMARY_SECTIONS = ("figures", "measurements", "final_metrics")
+ACCURACY = "val_accuracy"  # the constraint's figure (final_metrics of summary.json)
 DIRECTIONS = ("maximize", "minimize")
+START = "start"  # the user attribute of the trial enqueued with the configured settings
 
 
 def _tpe(seed: Optional[int]):
@@ -83,6 +100,8 @@ class BwoptSweeperConf:
         storage: an Optuna storage URL (e.g. sqlite:///outputs/optuna.db); null keeps the study in memory.
         study_name: the study to create, or to load and extend from `storage`.
         params: the search space, `key: sweep` in Hydra's override syntax.
+
+    The sweeper's settings too: Hydra passes these keys to OptunaSearch, which builds this from them.
     """
 
     _target_: str = "hydra_plugins.bwopt_sweeper.bwopt_sweeper.BwoptSweeper"
@@ -96,84 +115,28 @@ class BwoptSweeperConf:
     study_name: str = "bwopt"
     params: Dict[str, str] = field(default_factory=dict)
 
-
-class SearchConfigError(ValueError):
-    """A sweeper setting or a search-space override that cannot be searched."""
-
-
-def distribution(override: Override):
-    """The Optuna distribution of one sweep override (choice, range, interval)."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-    sweep = override.value()
-    if isinstance(sweep, ChoiceSweep):
-        choices = list(override.sweep_iterator())
-        if not all(choice is None or isinstance(choice, (bool, int, float, str)) for choice in choices):
-            raise SearchConfigError(f"{override.input_line}: choices must be plain values (numbers, strings, bools)")
-        return CategoricalDistribution(choices)
-    if isinstance(sweep, RangeSweep):
-        values = list(override.sweep_iterator())
-        if not values or not all(isinstance(value, int) for value in values):
-            raise SearchConfigError(f"{override.input_line}: range() must give integers; use interval() for floats")
-        if len(values) == 1:
-            return CategoricalDistribution(values)
-        return IntDistribution(values[0], values[-1], step=int(sweep.step))
-    if isinstance(sweep, IntervalSweep):
-        log_scale = "log" in sweep.tags
-        if "int" in sweep.tags:
-            return IntDistribution(int(sweep.start), int(sweep.end), log=log_scale)
-        return FloatDistribution(float(sweep.start), float(sweep.end), log=log_scale)
-    raise SearchConfigError(f"{override.input_line}: only choice(), range() and interval() can be searched")
-
-
-def search_space(params: Dict[str, str], arguments: Sequence[str]) -> Tuple[List[str], Dict[str, Any]]:
-    """Fixed overrides (as typed) and the distributions by override key, from params then the command line."""
-    lines = {key: f"{key}={value}" for key, value in params.items()}
-    parser = OverridesParser.create()
-    for override in parser.parse_overrides(list(arguments)):
-        lines[override.get_key_element()] = override.input_line
-    fixed, space = [], {}
-    for override in parser.parse_overrides(list(lines.values())):
-        if override.is_sweep_override():
-            space[override.get_key_element()] = distribution(override)
-        else:
-            fixed.append(override.input_line)
-    if not space:
-        raise SearchConfigError("nothing to search: give hydra.sweeper.params or a sweep such as key=choice(a,b)")
-    return fixed, space
-
-
-def override_value(value) -> str:
-    """A sampled value as Hydra's override grammar reads it back."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str) and not value.replace("_", "").replace("-", "").replace(".", "").isalnum():
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return str(value)
-
-
-def trial_overrides(fixed: Sequence[str], params: Dict[str, Any]) -> List[str]:
-    return [*fixed, *(f"{key}={override_value(value)}" for key, value in params.items())]
+    def __post_init__(self) -> None:
+        if self.n_trials < 1 or self.n_jobs < 1:
+            raise SearchConfigError(
+                f"hydra.sweeper.n_trials={self.n_trials} and n_jobs={self.n_jobs} must both be >= 1"
+            )
+        if self.sampler not in SAMPLERS:
+            raise SearchConfigError(f"hydra.sweeper.sampler={self.sampler!r}: expected one of {', '.join(SAMPLERS)}")
+        # Hydra passes lists and dicts as OmegaConf containers: plain ones from here on
+        self.objectives, self.directions = list(self.objectives), list(self.directions)
+        self.params = {str(key): str(value) for key, value in (self.params or {}).items()}
+        if len(self.objectives) != len(self.directions) or not self.objectives:
+            raise SearchConfigError(
+                f"hydra.sweeper.objectives={self.objectives} and directions={self.directions} need one direction"
+                " per objective"
+            )
+        if not set(self.directions) <= set(DIRECTIONS):
+            raise SearchConfigError(f"hydra.sweeper.directions={self.directions}: each is maximize or minimize")
 
 
 def job_folder(result: JobReturn) -> Path:
     sweep = result.hydra_cfg.hydra.sweep
     return Path(str(sweep.dir)) / str(sweep.subdir)
-
-
-def summary_value(folder: Path, name: str) -> Optional[float]:
-    """A figure of the job's summary.json by name, from any of its sections; None when it has none."""
-    summary_file = folder / "summary.json"
-    if not summary_file.is_file():
-        return None
-    summary = json.loads(summary_file.read_text())
-    for section in SUMMARY_SECTIONS:
-        value = (summary.get(section) or {}).get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return None
 
 
 def trial_values(result: JobReturn, objectives: Sequence[str]) -> Tuple[Optional[List[float]], str]:
@@ -192,82 +155,131 @@ def trial_values(result: JobReturn, objectives: Sequence[str]) -> Tuple[Optional
     return values, ""
 
 
+def learned_worse(trials: Sequence, tolerance: float) -> List:
+    """The trials whose recorded val_accuracy is more than `tolerance` below the best of `trials`."""
+    accuracies = {trial.number: trial.user_attrs.get(ACCURACY) for trial in trials}
+    best = max((accuracy for accuracy in accuracies.values() if accuracy is not None), default=None)
+    # the margin keeps a difference of exactly the tolerance from rounding into a flag
+    return [
+        trial
+        for trial in trials
+        if None not in (best, accuracies[trial.number]) and best - accuracies[trial.number] > tolerance + 1e-9
+    ]
+
+
+def best_trials(trials: Sequence, directions: Sequence[str]) -> List:
+    """One best trial (the first of a tie) for one objective; the Pareto front for several."""
+    signs = [1.0 if direction == "maximize" else -1.0 for direction in directions]
+
+    def score(trial) -> List[float]:
+        return [sign * value for sign, value in zip(signs, trial.values)]
+
+    if len(directions) == 1:
+        return [max(trials, key=lambda trial: (score(trial)[0], -trial.number))] if trials else []
+
+    def dominates(other, trial) -> bool:
+        return all(a >= b for a, b in zip(score(other), score(trial))) and score(other) != score(trial)
+
+    return [trial for trial in trials if not any(dominates(other, trial) for other in trials)]
+
+
+def against_start(complete: Sequence, best: Sequence, objectives: Sequence[str]) -> Optional[Dict[str, Any]]:
+    """The best trial's throughput against the start's (the trial of the configured settings, else the
+    first that finished; when that is the best, the runner-up), with the ratio's 95 % interval and a
+    word. None without one best by throughput or without a second trial."""
+    if list(objectives) != [TASK_OBJECTIVE] or len(best) != 1 or len(complete) < 2:
+        return None
+    (winner,) = best
+    start = next((trial for trial in complete if trial.user_attrs.get(START)), None)
+    what = "the start (the configured settings)" if start else "the first trial"
+    start = start or min(complete, key=lambda trial: trial.number)
+    name, other = f"best trial {winner.number}", start
+    if start.number == winner.number:
+        name = f"best trial {winner.number}, {what}"
+        other = max((t for t in complete if t.number != winner.number), key=lambda t: (t.values[0], -t.number))
+        what = "the runner-up"
+    ci = f"{TASK_OBJECTIVE}_ci95"
+    estimates = [log_estimate(trial.values, [trial.user_attrs.get(ci)]) for trial in (winner, other)]
+    comparison = compare(*estimates)
+    sentence = comparison.sentence(name[0].upper() + name[1:], f"{what}, trial {other.number}")
+    if comparison.word == "no difference detected":
+        sentence += ": the search found nothing faster beyond the noise (hydra.launcher.repeats narrows it)"
+    fields = {"trial": winner.number, "against_trial": other.number, "ratio": comparison.ratio}
+    return {**fields, "ci95": list(comparison.ci95), "word": comparison.word, "sentence": sentence + "."}
+
+
 class OptunaSearch(Sweeper):
     """The sweeper behind `hydra/sweeper=bwopt_optuna` (Hydra instantiates its subclass in hydra_plugins)."""
 
-    def __init__(
-        self,
-        n_trials: int,
-        n_jobs: int,
-        sampler: str,
-        seed: Optional[int],
-        objectives: List[str],
-        directions: List[str],
-        storage: Optional[str],
-        study_name: str,
-        params: Dict[str, str],
-    ) -> None:
-        if n_trials < 1 or n_jobs < 1:
-            raise SearchConfigError(f"hydra.sweeper.n_trials={n_trials} and n_jobs={n_jobs} must both be >= 1")
-        if sampler not in SAMPLERS:
-            raise SearchConfigError(f"hydra.sweeper.sampler={sampler!r}: expected one of {', '.join(SAMPLERS)}")
-        if len(objectives) != len(directions) or not objectives:
-            raise SearchConfigError(
-                f"hydra.sweeper.objectives={list(objectives)} and directions={list(directions)} need one direction"
-                " per objective"
-            )
-        if not set(directions) <= set(DIRECTIONS):
-            raise SearchConfigError(f"hydra.sweeper.directions={list(directions)}: each is maximize or minimize")
-        self.n_trials, self.n_jobs, self.sampler, self.seed = n_trials, n_jobs, sampler, seed
-        self.objectives, self.directions = list(objectives), list(directions)
-        self.storage, self.study_name = storage, study_name
-        self.params = {str(key): str(value) for key, value in (params or {}).items()}
+    def __init__(self, **settings: Any) -> None:
+        """settings: the keys of BwoptSweeperConf (`hydra.sweeper.*`), as Hydra instantiates the sweeper."""
+        try:
+            self.settings = BwoptSweeperConf(**settings)
+        except SearchConfigError as error:  # Hydra would wrap it in a traceback: one line, as for any key
+            print(f"bwopt: invalid config: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
         self.config: Optional[DictConfig] = None
+        self.accuracy_tolerance = SweepConfig().accuracy_tolerance  # sweep.accuracy_tolerance, read in setup
         self.launcher = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
-        with open_dict(config):  # one folder for every batch, whatever the clock says later
-            config.hydra.sweep.dir = str(config.hydra.sweep.dir)
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
+        self.accuracy_tolerance, self.launcher = prepare_sweep(
+            config, hydra_context, task_function, parent_name=f"search {self.settings.study_name}"
         )
-        if hasattr(self.launcher, "parent_name"):  # bwopt's launcher: name the parent run after the study
-            self.launcher.parent_name = f"search {self.study_name}"
 
     def sweep(self, arguments: List[str]) -> Any:
-        fixed, space = search_space(self.params, arguments)
-        study = self._study()
+        settings = self.settings
+        try:
+            fixed, space = search_space(settings.params, arguments)
+            study = self._study()
+        except SearchConfigError as error:  # one line and exit 2, as for any bad key
+            print(f"bwopt: invalid config: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        self._enqueue_start(study, space)
+        if hasattr(self.launcher, "swept_keys"):  # bwopt's launcher: trial runs named by the searched keys
+            self.launcher.swept_keys = list(space)
         log.info(
-            f"Study '{self.study_name}' ({len(study.trials)} trials so far): {self.n_trials} more, "
-            f"{' '.join(f'{d} {o}' for o, d in zip(self.objectives, self.directions))}"
+            f"Study '{settings.study_name}' ({len(study.trials)} trials so far): {settings.n_trials} more, "
+            f"{' '.join(f'{d} {o}' for o, d in zip(settings.objectives, settings.directions))}"
         )
-        for first in range(0, self.n_trials, self.n_jobs):
-            self._run_batch(study, fixed, space, min(self.n_jobs, self.n_trials - first))
+        for first in range(0, settings.n_trials, settings.n_jobs):
+            self._run_batch(study, fixed, space, min(settings.n_jobs, settings.n_trials - first))
         return self._finish(study)
 
     def _study(self):
         import optuna
 
+        settings, sampler = self.settings, SAMPLERS[self.settings.sampler]
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        if self.storage is None:
-            return optuna.create_study(directions=self.directions, sampler=SAMPLERS[self.sampler](self.seed))
-        if self.study_name not in optuna.study.get_all_study_names(self.storage):
+        if settings.storage is None:
+            return optuna.create_study(directions=settings.directions, sampler=sampler(settings.seed))
+        if settings.study_name not in optuna.study.get_all_study_names(settings.storage):
             return optuna.create_study(
-                storage=self.storage,
-                study_name=self.study_name,
-                directions=self.directions,
-                sampler=SAMPLERS[self.sampler](self.seed),
+                storage=settings.storage,
+                study_name=settings.study_name,
+                directions=settings.directions,
+                sampler=sampler(settings.seed),
             )
-        study = optuna.load_study(study_name=self.study_name, storage=self.storage)
-        if [direction.name.lower() for direction in study.directions] != self.directions:
+        study = optuna.load_study(study_name=settings.study_name, storage=settings.storage)
+        if [direction.name.lower() for direction in study.directions] != settings.directions:
             raise SearchConfigError(
-                f"study '{self.study_name}' in {self.storage} has directions "
-                f"{[d.name.lower() for d in study.directions]}, not {self.directions}: use another study_name"
+                f"study '{settings.study_name}' in {settings.storage} has directions "
+                f"{[d.name.lower() for d in study.directions]}, not {settings.directions}: use another study_name"
             )
-        seed = None if self.seed is None else self.seed + len(study.trials)  # no replay of the start-up trials
-        study.sampler = SAMPLERS[self.sampler](seed)
+        seed = None if settings.seed is None else settings.seed + len(study.trials)  # no replay of the start-up trials
+        study.sampler = sampler(seed)
         return study
+
+    def _enqueue_start(self, study, space: Dict[str, Any]) -> None:
+        """A new study's first trial is the configured settings (when each searched key has a value in
+        its range): the start, which the best trial is compared with at the end."""
+        if study.trials:
+            return
+        configured = {key: OmegaConf.select(self.config, key.lstrip("+~")) for key in space}
+        params = configured_params(space, configured)
+        if params is not None:
+            study.enqueue_trial(params, user_attrs={START: True})
 
     def _run_batch(self, study, fixed: List[str], space: Dict[str, Any], size: int) -> None:
         from optuna.trial import TrialState
@@ -284,49 +296,87 @@ class OptunaSearch(Sweeper):
                 study.tell(trial, state=TrialState.FAIL)
             raise
         for trial, result in zip(trials, results):
-            values, why = trial_values(result, self.objectives)
+            values, why = trial_values(result, self.settings.objectives)
             if values is None:
                 log.warning(f"trial {trial.number} failed: {why}")
                 study.tell(trial, state=TrialState.FAIL)
                 continue
             trial.set_user_attr("job_folder", str(job_folder(result)))
+            figures = (read_summary(job_folder(result)) or {}).get("figures") or {}
+            if figures.get(f"{TASK_OBJECTIVE}_ci95"):
+                trial.set_user_attr(f"{TASK_OBJECTIVE}_ci95", list(figures[f"{TASK_OBJECTIVE}_ci95"]))
+            accuracy = summary_value(job_folder(result), ACCURACY)
+            if accuracy is not None:
+                trial.set_user_attr(ACCURACY, accuracy)
             study.tell(trial, values)
-            log.info(f"trial {trial.number}: {dict(zip(self.objectives, values))}")
+            log.info(f"trial {trial.number}: {dict(zip(self.settings.objectives, values))}")
+            self._warn_if_learned_worse(study, trial)
+
+    def _constrained(self) -> bool:
+        return ACCURACY not in self.settings.objectives
+
+    def _warn_if_learned_worse(self, study, trial) -> None:
+        from optuna.trial import TrialState
+
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if self._constrained() and trial.number in [
+            other.number for other in learned_worse(complete, self.accuracy_tolerance)
+        ]:
+            log.warning(
+                f"trial {trial.number} learned worse: val_accuracy {trial.user_attrs[ACCURACY]:.4f} is more than "
+                f"{self.accuracy_tolerance:g} (sweep.accuracy_tolerance) below the best so far; it cannot be the best"
+            )
 
     def _finish(self, study) -> Dict[str, Any]:
         """Write search.yaml (the best trial, or the Pareto front) into the sweep folder and onto the parent run."""
         from optuna.trial import TrialState
 
+        settings = self.settings
         states = [trial.state for trial in study.trials]
-        best = []
-        if TrialState.COMPLETE in states:  # one best trial (the first of a tie), or the Pareto front
-            best = [study.best_trial] if len(self.objectives) == 1 else study.best_trials
+        complete = [trial for trial in study.trials if trial.state is TrialState.COMPLETE]
+        worse = learned_worse(complete, self.accuracy_tolerance) if self._constrained() else []
+        eligible = [trial for trial in complete if trial.number not in {other.number for other in worse}]
+        best = best_trials(eligible, settings.directions)
         results = {
-            "study_name": self.study_name,
-            "storage": self.storage,
-            "objectives": dict(zip(self.objectives, self.directions)),
+            "study_name": settings.study_name,
+            "storage": settings.storage,
+            "objectives": dict(zip(settings.objectives, settings.directions)),
             "num_trials": len(states),
             "num_complete": states.count(TrialState.COMPLETE),
             "num_failed": states.count(TrialState.FAIL),
             "best": [
                 {
                     "trial": trial.number,
-                    "values": dict(zip(self.objectives, trial.values)),
+                    "values": dict(zip(settings.objectives, trial.values)),
                     "params": {key: override_value(value) for key, value in trial.params.items()},
                     "overrides": trial.user_attrs.get("overrides", []),
                     "job_folder": trial.user_attrs.get("job_folder"),
+                    ACCURACY: trial.user_attrs.get(ACCURACY),
                 }
                 for trial in sorted(best, key=lambda trial: trial.number)
             ],
+            "accuracy_tolerance": self.accuracy_tolerance if self._constrained() else None,
+            "learned_worse": [
+                {"trial": item.number, ACCURACY: item.user_attrs[ACCURACY], "overrides": item.user_attrs["overrides"]}
+                for item in worse
+            ],
         }
+        comparison = against_start(complete, best, settings.objectives)
+        results["against_start"] = comparison
         path = Path(str(self.config.hydra.sweep.dir)) / "search.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(OmegaConf.to_yaml(OmegaConf.create(results)))
         for item in results["best"]:
             log.info(f"Best overrides (trial {item['trial']}): {' '.join(item['overrides'])}  {item['values']}")
+        if comparison:
+            log.info(comparison["sentence"])
         parent = getattr(self.launcher, "parent", None)
         if parent is not None:
-            parent.annotate([path], {"bwopt.study_name": self.study_name})
+            parent.annotate([path], {"bwopt.study_name": settings.study_name})
+            if comparison:
+                parent.lead_description(comparison["sentence"])
         if not best:  # a search that measured nothing is an error (exit code 1), not an answer
-            raise RuntimeError(f"no trial of study '{self.study_name}' finished; see the sweep report next to {path}")
+            raise RuntimeError(
+                f"no trial of study '{settings.study_name}' finished; see the sweep report next to {path}"
+            )
         return results

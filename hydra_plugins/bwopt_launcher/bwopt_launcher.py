@@ -1,8 +1,9 @@
 """Where Hydra finds bwopt's launcher (`hydra/launcher=bwopt`); the logic lives in bwopt.sweep.launcher.
 
 Hydra imports every module under the `hydra_plugins` namespace package at start-up and instantiates
-only plugin classes defined there, so this module defines the class and stays light: the launcher
-module imports only Hydra and OmegaConf.
+only plugin classes defined there (bwopt.plugins registers this one too, for installs where that
+scan misses it), so this module defines the class and stays light: the launcher module imports
+only Hydra and OmegaConf.
 """
 
 from hydra.core.config_store import ConfigStore

@@ -1,8 +1,9 @@
 """Where Hydra finds bwopt's sweeper (`hydra/sweeper=bwopt_optuna`); the logic lives in bwopt.sweep.search.
 
 Hydra imports every module under the `hydra_plugins` namespace package at start-up and instantiates
-only plugin classes defined there, so this module defines the class and stays light: the search
-module imports only Hydra and OmegaConf (Optuna loads when a search starts).
+only plugin classes defined there (bwopt.plugins registers this one too, for installs where that
+scan misses it), so this module defines the class and stays light: the search module imports only
+Hydra, OmegaConf and the sweep's results model (Optuna loads when a search starts).
 """
 
 from hydra.core.config_store import ConfigStore

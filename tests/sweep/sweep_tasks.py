@@ -34,6 +34,9 @@ def crash(cfg) -> float:
         os.kill(os.getpid(), signal.SIGSEGV)
     if cfg.crash == "kill9":
         os.kill(os.getpid(), signal.SIGKILL)
+    if cfg.crash == "kill9_after_metrics":
+        _record_in_mlflow(cfg)
+        os.kill(os.getpid(), signal.SIGKILL)
     if cfg.crash == "wait_for_stop":
         (folder / "waiting").touch()
         while not STOP.requested:
@@ -41,6 +44,24 @@ def crash(cfg) -> float:
         raise KeyboardInterrupt(f"stopped by {STOP.requested}")
     # repeats measure slightly differently: job n gets (1 + n / 10) x the throughput asked for
     return _finished(folder, cfg.throughput * (1 + HydraConfig.get().job.num / 10))
+
+
+def _record_in_mlflow(cfg) -> None:
+    """What a bwopt job records in its MLflow run before it writes summary.json: named and tagged as
+    bwopt names a job's run (bwopt.tracking.names), its figures in MLflow's units, in the store of
+    TEST_MLFLOW_URI."""
+    from mlflow import MlflowClient
+
+    from bwopt.tracking.names import run_name, run_tags
+
+    overrides = list(HydraConfig.get().overrides.task)
+    # the parent's store (the launcher tests compose the jobs' configs without the command line's overrides)
+    client = MlflowClient(tracking_uri=os.environ["TEST_MLFLOW_URI"])
+    experiment = client.get_run(os.environ["BWOPT_PARENT_RUN_ID"]).info.experiment_id
+    run = client.create_run(experiment, run_name=run_name(overrides), tags=run_tags(overrides))
+    for key, value in {"throughput_examples_per_s": 123.0, "input_wait_pct": 25.0, "step_time_p50_ms": 2.0}.items():
+        client.log_metric(run.info.run_id, key, value)
+    client.set_tag(run.info.run_id, "verdict", "highly input-bound")
 
 
 def scored(cfg) -> float:
@@ -60,3 +81,18 @@ def scored(cfg) -> float:
     summary["final_metrics"] = {"val_accuracy": cfg.accuracy}
     (folder / "summary.json").write_text(json.dumps(summary))
     return float(cfg.throughput)
+
+
+PREFETCH_THROUGHPUT = {0: 100.0, 2: 200.0, "autotune": 150.0}
+
+
+def scored_by_prefetch(cfg) -> float:
+    """A search trial without TensorFlow whose throughput depends on `pipeline.prefetch` (a key the
+    config has, so the search starts from its configured value), with a ±2 % interval."""
+    folder = Path(HydraConfig.get().runtime.output_dir)
+    throughput = PREFETCH_THROUGHPUT[cfg.pipeline.prefetch]
+    _finished(folder, throughput)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["figures"]["throughput_examples_per_s_ci95"] = [throughput * 0.98, throughput * 1.02]
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return throughput

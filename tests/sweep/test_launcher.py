@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -19,7 +20,8 @@ from mlflow import MlflowClient
 from bwopt.app import config_dir
 from bwopt.signals import STOP
 from bwopt.sweep.launcher import JobCrashed
-from bwopt.sweep.parent import NOTE_TAG, sweep_name
+from bwopt.sweep.parent import sweep_name
+from bwopt.tracking.names import NOTE_TAG
 
 pytestmark = pytest.mark.slow  # every job is a fresh process
 
@@ -79,12 +81,38 @@ def test_repeats_run_in_interleaved_rounds_and_the_parent_run_holds_the_report(t
 
     client = MlflowClient(tracking_uri=mlflow_uri)
     (parent,) = client.search_runs([client.get_experiment_by_name("launcher_repeats").experiment_id])
-    assert parent.info.run_name == "sweep +throughput=100,1000" == sweep_name(job_overrides)
+    # named by the swept keys and the time it started: sweeps of the same overrides differ
+    assert sweep_name(job_overrides) == "sweep +throughput=100,1000"
+    assert re.fullmatch(r"sweep \+throughput=100,1000 · \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", parent.info.run_name)
     assert parent.info.status == "FINISHED"
     assert "Best overrides" in parent.data.tags[NOTE_TAG] and "1,100.0–1,300.0" in parent.data.tags[NOTE_TAG]
     artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
     assert {"report.md", "report.csv", "throughput.png", "throughput_vs_throughput.png"} <= artifacts
     assert {record(sweep / str(n), "process.json")["BWOPT_PARENT_RUN_ID"] for n in range(4)} == {parent.info.run_id}
+
+
+def test_a_killed_job_shows_what_its_run_recorded_and_is_never_counted(tmp_path, mlflow_uri, monkeypatch):
+    """A job killed before its summary.json: the report shows the figures of its MLflow run, marked,
+    the run is KILLED, and neither the job nor its override set counts as finished."""
+    monkeypatch.setenv("TEST_MLFLOW_URI", mlflow_uri)
+    sweep = tmp_path / "sweep"
+    tracking = [f"tracking.uri={mlflow_uri}", "tracking.experiment=launcher_killed"]
+    job_overrides = [["+crash=kill9_after_metrics", "+throughput=100"], ["+crash=none", "+throughput=100"]]
+    returns = launch(sweep, job_overrides, *tracking)
+    assert [result.status for result in returns] == [JobStatus.FAILED, JobStatus.COMPLETED]
+    killed_run = record(sweep / "0", "job.json")["mlflow_run"]
+    assert killed_run["metrics"]["throughput_examples_per_s"] == 123.0
+    report = (sweep / "report.md").read_text()
+    assert "2 jobs, 1 failed" in report
+    row = next(line for line in report.splitlines() if line.startswith("| 0 | "))
+    assert "**KILLED** (exit code -9): figures from its MLflow run, not counted | 123.0 | 25.0 | 2.000 |" in row
+    assert "highly input-bound" in row and killed_run["run_id"] in row
+    assert "| — | `+crash=kill9_after_metrics` | 0/1 **FAILED** |" in report  # no median from a killed job
+    assert "**Best overrides:** `+crash=none +throughput=100`" in report or "Only +crash=none" in report
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    assert client.get_run(killed_run["run_id"]).info.status == "KILLED"
+    assert client.get_run(killed_run["run_id"]).info.run_name == "+crash=kill9_after_metrics"  # the swept key only
 
 
 def test_the_parent_run_fails_when_every_job_failed(tmp_path, mlflow_uri):
@@ -107,19 +135,48 @@ def test_a_stopped_sweep_stops_its_job_starts_no_more_and_ends_the_parent_killed
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGTERM)  # handled by STOP in the main thread, as in `python -m bwopt`
 
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
     STOP.install()
     threading.Thread(target=terminate_once_waiting, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
             launch(sweep, [["+crash=wait_for_stop"], ["+crash=none", "+throughput=1"]], *tracking)
     finally:
-        STOP.requested = None
+        STOP.reset()
+        STOP.installed = False
         signal.signal(signal.SIGINT, handlers[0])
         signal.signal(signal.SIGTERM, handlers[1])
+        signal.signal(signal.SIGHUP, handlers[2])
     assert record(sweep / "0", "job.json")["status"] == "FAILED"
     assert not (sweep / "1").exists()  # never started
     assert "1 jobs, 1 failed" in (sweep / "report.md").read_text()
     client = MlflowClient(tracking_uri=mlflow_uri)
     (parent,) = client.search_runs([client.get_experiment_by_name("launcher_stopped").experiment_id])
-    assert parent.info.status == "KILLED"
+    assert parent.info.status == "KILLED" and parent.data.tags["bwopt.end_reason"] == "stopped by SIGTERM"
+    # The job ended on the signal with the shell's code for it, not as if killed by SIGINT.
+    assert record(sweep / "0", "job.json")["exit_code"] == 143
+
+
+def test_a_failed_sweep_ends_in_one_line_naming_its_first_failed_job(tmp_path, capsys):
+    """Hydra's sweepers read the outcome of each override set in order; the first one that failed
+    ends the sweep with one line naming the first job that failed (its number, its overrides, how)."""
+    sweep = tmp_path / "sweep"
+    sets = [["+crash=none", "+throughput=1"], ["+crash=kill9"], ["+crash=exception"]]
+    returns = launch(sweep, sets, "tracking=none", "hydra.launcher.repeats=2")
+    assert [result.status for result in returns] == [JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.FAILED]
+    assert returns[0].return_value == pytest.approx(1 * (1 + 3 / 10) / 2 + 1 * (1 + 0 / 10) / 2)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as ended:
+        returns[2].return_value  # noqa: B018 (what Hydra's BasicSweeper reads)
+    assert ended.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("bwopt: sweep failed: job #1 (+crash=kill9) was killed by SIGKILL; 4 of 6 job(s) failed")
+
+
+@pytest.mark.parametrize("setting", ["hydra.launcher.repeats=0", "hydra.launcher.max_parallel=0"])
+def test_launcher_settings_out_of_range_are_one_line_and_exit_2(tmp_path, capsys, setting):
+    with pytest.raises(SystemExit) as ended:
+        launch(tmp_path / "sweep", [["+crash=none"]], "tracking=none", setting)
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.startswith(f"bwopt: invalid config: {setting} is out of range; expected")
+    assert not (tmp_path / "sweep").exists()  # nothing started

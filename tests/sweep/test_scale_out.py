@@ -74,7 +74,7 @@ def test_a_sweep_against_a_real_mlflow_server_has_its_parent_and_children_there(
 
         client = MlflowClient(tracking_uri=uri)
         experiment = client.get_experiment_by_name("bwopt")
-        name = "attributes.run_name = 'sweep pipeline.prefetch=0,2'"
+        name = "attributes.run_name LIKE 'sweep pipeline.prefetch=0,2 · %'"
         (parent,) = client.search_runs([experiment.experiment_id], name)
         assert parent.info.status == "FINISHED"
         children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")

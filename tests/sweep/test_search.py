@@ -15,13 +15,13 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from bwopt.app import config_dir
-from bwopt.sweep.search import SearchConfigError, override_value, search_space
+from bwopt.sweep.search import SearchConfigError, best_trials, learned_worse, override_value, search_space
 
 SLOW = pytest.mark.slow  # every trial is a fresh process
 
 
-def search(sweep_dir, arguments, *overrides):
-    """Compose the real conf/ with bwopt's sweeper and search `arguments` on sweep_tasks.scored."""
+def search(sweep_dir, arguments, *overrides, task=sweep_tasks.scored):
+    """Compose the real conf/ with bwopt's sweeper and search `arguments` on `task` (sweep_tasks.scored)."""
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         hydra = GlobalHydra.instance().hydra
         config = hydra.compose_config(
@@ -30,9 +30,7 @@ def search(sweep_dir, arguments, *overrides):
             run_mode=RunMode.MULTIRUN,
         )
         context = HydraContext(config_loader=hydra.config_loader, callbacks=Callbacks(config))
-        sweeper = Plugins.instance().instantiate_sweeper(
-            hydra_context=context, task_function=sweep_tasks.scored, config=config
-        )
+        sweeper = Plugins.instance().instantiate_sweeper(hydra_context=context, task_function=task, config=config)
         return sweeper.sweep(arguments=list(arguments))
 
 
@@ -63,7 +61,9 @@ def test_failed_trials_are_told_failed_and_the_study_resumes_from_storage(tmp_pa
 
     client = MlflowClient(tracking_uri=mlflow_uri)
     (parent,) = client.search_runs([client.get_experiment_by_name("search").experiment_id])
-    assert parent.info.run_name == "search resume" and parent.data.tags["bwopt.study_name"] == "resume"
+    assert parent.info.run_name.startswith("search resume · ") and parent.data.tags["bwopt.study_name"] == "resume"
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert children == []  # sweep_tasks.scored starts no run of its own
     assert "search.yaml" in {item.path for item in client.list_artifacts(parent.info.run_id)}
 
     # A second invocation adds its trials to the stored study, numbered on, each in its own folder.
@@ -151,9 +151,142 @@ def test_a_search_where_no_trial_finished_is_an_error(tmp_path):
         ({"n_trials": 0}, "must both be >= 1"),
     ],
 )
-def test_bad_sweeper_settings_name_the_key(settings, message):
-    from bwopt.sweep.search import BwoptSweeperConf, OptunaSearch
+def test_bad_sweeper_settings_name_the_key_in_one_line_and_exit_2(settings, message, capsys):
+    """Hydra wraps an error raised while it builds the sweeper in a traceback: the sweeper exits itself."""
+    from bwopt.sweep.search import OptunaSearch
 
-    defaults = {key: value for key, value in vars(BwoptSweeperConf()).items() if key != "_target_"}
-    with pytest.raises(SearchConfigError, match=message):
-        OptunaSearch(**{**defaults, **settings})
+    with pytest.raises(SystemExit) as exited:  # the other keys keep BwoptSweeperConf's defaults
+        OptunaSearch(**settings)
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("bwopt: invalid config: ") and message in line
+
+
+def finished_study(points):
+    """An in-memory study of finished trials, (values, val_accuracy or None) each, numbered in order."""
+    study = optuna.create_study(directions=["maximize"] * len(points[0][0]))
+    for values, accuracy in points:
+        user_attrs = {} if accuracy is None else {"val_accuracy": accuracy}
+        study.add_trial(optuna.trial.create_trial(values=values, user_attrs=user_attrs))
+    return study.trials
+
+
+def test_a_trial_more_than_the_tolerance_below_the_best_accuracy_learned_worse():
+    trials = finished_study([([100.0], 0.99), ([300.0], 0.70), ([200.0], 0.96), ([250.0], None)])
+    assert [trial.number for trial in learned_worse(trials, 0.03)] == [1]  # 0.96: exactly the tolerance, kept
+    assert [trial.number for trial in learned_worse(trials, 0.02)] == [1, 2]
+    assert learned_worse(trials, 1.0) == [] and learned_worse(trials[3:], 0.0) == []
+    eligible = [trial for trial in trials if trial.number != 1]
+    assert [trial.number for trial in best_trials(eligible, ["maximize"])] == [3]
+    assert [trial.number for trial in best_trials(eligible, ["minimize"])] == [0]
+    tie = finished_study([([1.0], None), ([1.0], None)])
+    assert [trial.number for trial in best_trials(tie, ["maximize"])] == [0]  # the first of a tie, as Optuna
+
+
+def test_the_pareto_front_matches_optunas():
+    points = [([1.0, 1.0], None), ([2.0, 4.0], None), ([2.0, 3.0], None), ([0.5, 0.5], None), ([2.0, 4.0], None)]
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for trial in finished_study(points):
+        study.add_trial(trial)
+    front = best_trials(study.trials, ["maximize", "minimize"])
+    assert sorted(trial.number for trial in front) == sorted(trial.number for trial in study.best_trials) == [0, 2, 3]
+
+
+@SLOW
+def test_the_search_never_picks_a_trial_that_learned_worse(tmp_path):
+    arguments = ["+throughput=choice(100,200,300)", "+accuracy=choice(0.6,0.95)"]
+    settings = ["hydra.sweeper.n_trials=5", "hydra.sweeper.sampler=random", "hydra.sweeper.seed=4", "tracking=none"]
+    results = search(tmp_path / "sweep", arguments, *settings, "sweep.accuracy_tolerance=0.05")
+    trials = {}  # trial number -> (throughput, val_accuracy) as its job measured them
+    for folder in (tmp_path / "sweep").iterdir():
+        if folder.is_dir():
+            summary = json.loads((folder / "summary.json").read_text())
+            figures, metrics = summary["figures"], summary["final_metrics"]
+            trials[int(folder.name)] = (figures["throughput_examples_per_s"], metrics["val_accuracy"])
+    fastest_accurate = max(throughput for throughput, accuracy in trials.values() if accuracy == 0.95)
+    assert max(throughput for throughput, _ in trials.values()) > fastest_accurate, "seed 4: the fastest learned worse"
+    (best,) = results["best"]
+    assert best["val_accuracy"] == 0.95 and best["values"]["throughput_examples_per_s"] == fastest_accurate
+    assert results["accuracy_tolerance"] == 0.05
+    worse = sorted(number for number, (_, accuracy) in trials.items() if accuracy == 0.6)
+    assert [item["trial"] for item in results["learned_worse"]] == worse
+    assert yaml.safe_load((tmp_path / "sweep" / "search.yaml").read_text()) == results
+
+
+@pytest.mark.parametrize(
+    "sweep,message",
+    [
+        ("range(5,1)", "the range is empty or runs downwards; expected range(start, stop) with start < stop"),
+        ("range(1,5,-1)", "the range is empty or runs downwards"),
+        ("interval(5.0,1.0)", "the interval's low end 5 is above its high end 1"),
+        ("tag(int, interval(8, 2))", "the interval's low end 8 is above its high end 2"),
+        ("tag(log, interval(0, 0.1))", "a log interval must start above 0"),
+        ("tag(log, interval(-1, 0.1))", "a log interval must start above 0"),
+        ("tag(int, log, interval(0, 8))", "a log interval must start above 0"),
+    ],
+)
+def test_a_space_that_cannot_be_searched_is_one_line_and_exit_2(tmp_path, sweep, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        search(tmp_path / "sweep", [f"+x={sweep}", "+throughput=1"], "tracking=none")
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"bwopt: invalid config: +x={sweep}: ") and message in line
+    assert not (tmp_path / "sweep").exists() or not any((tmp_path / "sweep").iterdir())  # no trial ran
+
+
+def test_the_best_trial_is_compared_with_the_start_with_an_interval_and_a_word():
+    from bwopt.sweep.search import START, against_start
+
+    def trial(value, start=False, half_width=0.02):
+        attrs = {"throughput_examples_per_s_ci95": [value * (1 - half_width), value * (1 + half_width)]}
+        return optuna.trial.create_trial(values=[value], user_attrs={**attrs, **({START: True} if start else {})})
+
+    study = optuna.create_study(direction="maximize")
+    for item in (trial(150.0, start=True), trial(100.0), trial(200.0)):
+        study.add_trial(item)
+    complete, objective = study.trials, ["throughput_examples_per_s"]
+    faster = against_start(complete, [complete[2]], objective)
+    assert faster["word"] == "faster" and faster["against_trial"] == 0
+    assert faster["ratio"] == pytest.approx(200 / 150) and faster["ci95"][0] > 1
+    assert faster["sentence"].startswith("Best trial 2 vs the start (the configured settings), trial 0: ×1.33 (95 % CI")
+    # the start is the best: against the runner-up; inside the noise: said so
+    close = optuna.create_study(direction="maximize")
+    for item in (trial(150.0, start=True, half_width=0.2), trial(145.0, half_width=0.2)):
+        close.add_trial(item)
+    tie = against_start(close.trials, [close.trials[0]], objective)
+    assert tie["word"] == "no difference detected" and tie["against_trial"] == 1
+    assert "the runner-up, trial 1" in tie["sentence"] and "found nothing faster beyond the noise" in tie["sentence"]
+    # no start enqueued: against the first trial; several objectives: no comparison
+    plain = optuna.create_study(direction="maximize")
+    for item in (trial(100.0), trial(200.0)):
+        plain.add_trial(item)
+    assert "vs the first trial, trial 0" in against_start(plain.trials, [plain.trials[1]], objective)["sentence"]
+    assert against_start(plain.trials, [plain.trials[1]], ["throughput_examples_per_s", "val_accuracy"]) is None
+
+
+@SLOW
+def test_a_search_starts_from_the_configured_settings_and_compares_its_best_with_them(tmp_path, mlflow_uri):
+    tracking = [f"tracking.uri={mlflow_uri}", "tracking.experiment=search_start"]
+    settings = ["hydra.sweeper.n_trials=3", "hydra.sweeper.sampler=random", "hydra.sweeper.seed=1", *tracking]
+    task = sweep_tasks.scored_by_prefetch
+    results = search(tmp_path / "sweep", ["pipeline.prefetch=choice(0,2,autotune)"], *settings, task=task)
+    first = yaml.safe_load((tmp_path / "sweep" / "0" / ".hydra" / "overrides.yaml").read_text())
+    assert first == ["pipeline.prefetch=autotune"]  # conf/pipeline/default.yaml's value: the start
+    ran = [yaml.safe_load((tmp_path / "sweep" / str(n) / ".hydra" / "overrides.yaml").read_text()) for n in range(3)]
+    measured = [sweep_tasks.PREFETCH_THROUGHPUT[yaml.safe_load(item[0].partition("=")[2])] for item in ran]
+    best = max(range(3), key=lambda n: (measured[n], -n))
+    comparison = results["against_start"]
+    assert results["best"][0]["trial"] == comparison["trial"] == best
+    if best == 0:  # the start was best: compared with the runner-up
+        runner_up = max(range(1, 3), key=lambda n: (measured[n], -n))
+        assert comparison["against_trial"] == runner_up
+        expected = "faster" if measured[runner_up] < measured[0] else "no difference detected"
+    else:
+        assert comparison["against_trial"] == 0
+        expected = "faster"
+    assert comparison["word"] == expected and comparison["ratio"] == pytest.approx(
+        measured[best] / measured[comparison["against_trial"]]
+    )
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    (parent,) = client.search_runs([client.get_experiment_by_name("search_start").experiment_id])
+    assert parent.data.tags["mlflow.note.content"].startswith(f"**{comparison['sentence']}**")

@@ -40,9 +40,17 @@ def test_a_three_trial_search_reports_its_best_overrides_and_resumes_from_storag
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("bwopt")
-    (parent,) = client.search_runs([experiment.experiment_id], "attributes.run_name = 'search pipeline'")
+    (parent,) = client.search_runs([experiment.experiment_id], "attributes.run_name LIKE 'search pipeline · %'")
     assert parent.info.status == "FINISHED" and parent.data.tags["bwopt.study_name"] == "pipeline"
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    for child in children:  # named by the searched keys alone: the fixed overrides are in a tag
+        assert all(item.startswith("pipeline.") for item in child.info.run_name.split(","))
+        assert "hparams_search" not in child.info.run_name and "hparams_search" in child.data.tags["bwopt.overrides"]
+    # the best trial against the first (the default pipeline is not in this space): an interval and a word
+    comparison = written["against_start"]
+    assert comparison["word"] in ("faster", "slower", "no difference detected") and len(comparison["ci95"]) == 2
+    assert parent.data.tags["mlflow.note.content"].startswith(f"**{comparison['sentence']}**")
+    assert comparison["sentence"] in result.stdout + result.stderr
     assert sorted(child.info.run_id for child in children) == sorted(s["run_id"] for s in summaries.values())
     assert {"search.yaml", "report.md"} <= {item.path for item in client.list_artifacts(parent.info.run_id)}
 

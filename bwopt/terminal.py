@@ -1,4 +1,5 @@
-"""What a person reads: a live progress line on a terminal and the end-of-run table of figures."""
+"""What a person reads: a live progress line on a terminal, the end-of-run table of figures, and
+the same table in Markdown for the MLflow run's description."""
 
 import sys
 import time
@@ -123,6 +124,9 @@ def _throughput(f) -> str:
     if "throughput_examples_per_s" not in f:
         return ""
     text = f"{f['throughput_examples_per_s']:,.1f} examples/s"
+    if f.get("throughput_examples_per_s_ci95"):
+        low, high = f["throughput_examples_per_s_ci95"]
+        text += f" (95 % CI {low:,.0f}–{high:,.0f})"
     if "throughput_bytes_per_s" in f:
         text += f"  ({f['throughput_bytes_per_s'] / 1e6:,.2f} MB/s)"
     return text
@@ -140,27 +144,49 @@ def _step_time(f) -> str:
         if key in f
     ]
     if parts and "num_timed_steps" in f:
-        parts.append(f"({f['num_timed_steps']:,} timed steps)")
+        window = f" in {f['timed_wall_s']:.2f} s" if "timed_wall_s" in f else ""
+        parts.append(f"({f['num_timed_steps']:,} timed steps{window})")
     return "  ".join(parts)
+
+
+# How each part of the step reads in the summary (bwopt.measure.uncertainty.PARTS).
+PART_NAMES = {"compute": "compute", "input_stall": "input stall", "host_overhead": "host overhead", "other": "other"}
+
+
+def _step_partition(f) -> str:
+    """'compute 45 % (43–47) + input stall 20 % (18–22) + host overhead 35 % (33–37) = 100 %'."""
+    partition = f.get("step_partition")
+    if not partition:
+        return ""
+    intervals = f.get("step_partition_ci95") or {}
+    names = dict(PART_NAMES)
+    if "input_stall_fraction" not in f:
+        names["other"] = "input wait (not split)"
+    shown = []
+    for part, share in partition.items():
+        if share < 0.0005 and part != "compute":
+            continue
+        low, high = intervals.get(part, (None, None))
+        bounds = f" ({low * 100:.0f}–{high * 100:.0f})" if low is not None else ""
+        shown.append(f"{names[part]} {share * 100:.1f} %{bounds}")
+    return " + ".join(shown) + f" = {sum(partition.values()) * 100:.0f} % of step time"
 
 
 def _input_wait(f) -> str:
     if "input_wait_fraction" not in f:
         return ""
-    if "input_stall_fraction" in f:  # split: host overhead and the verdict follow on rows of their own
-        return f"{f['input_wait_fraction']:.1%} of step time, of which input stall {f['input_stall_fraction']:.1%}"
-    verdict = f": {f['input_bound_verdict']}" if "input_bound_verdict" in f else ""
-    return f"{f['input_wait_fraction']:.1%} of step time{verdict}"
-
-
-def _host_overhead(f) -> str:
-    if "host_overhead_fraction" not in f or "input_stall_fraction" not in f:
-        return ""
-    return f"{f['host_overhead_fraction']:.1%} of step time (fetch a ready batch, dispatch, sync)"
+    text = f"{f['input_wait_fraction']:.1%}"
+    interval = f.get("input_wait_fraction_ci95")
+    if interval:
+        text += f" (95 % CI {interval[0]:.1%}–{interval[1]:.1%})"
+    text += " of step time in next()"
+    if f.get("steps_per_execution", 1) > 1:
+        text += " (the executions take their batches inside the graph)"
+    return text
 
 
 def _verdict(f) -> str:
-    if not f.get("verdict") or "input_stall_fraction" not in f:
+    if not f.get("verdict"):
         return ""
     per_execution = f.get("steps_per_execution", 1)
     return f["verdict"] + (f"  ({per_execution} steps per execution)" if per_execution > 1 else "")
@@ -254,8 +280,8 @@ def _mlflow_run(f) -> str:
 MEASURED_ROWS = [
     ("throughput", _throughput),
     ("step time", _step_time),
+    ("step", _step_partition),
     ("input wait", _input_wait),
-    ("host overhead", _host_overhead),
     ("verdict", _verdict),
     ("ceilings", _ceilings),
     ("efficiency", _efficiency),
@@ -270,7 +296,7 @@ CLOSING_ROWS = [
 
 
 def print_summary(summary, file: TextIO = sys.stdout) -> None:
-    """The end-of-run table of a bwopt.run.Summary."""
+    """The end-of-run table of a bwopt.summary.Summary."""
     head = f"bwopt {summary.mode} run {summary.status.lower()}"
     if summary.devices:
         head += f"  ({summary.num_replicas} replica(s) on {', '.join(summary.devices)})"
@@ -283,7 +309,7 @@ def print_summary(summary, file: TextIO = sys.stdout) -> None:
 
 
 def summary_markdown(summary, plots: Sequence[str] = ()) -> str:
-    """A bwopt.run.Summary as Markdown, for the MLflow run's description: the verdict first, the
+    """A bwopt.summary.Summary as Markdown, for the MLflow run's description: the verdict first, the
     recommendation in full, then the figures table and the plots to look at."""
     figures = {**(asdict(summary.figures) if summary.figures else {}), **summary.measurements}
     figures.update({key: value for key, value in summary.final_metrics.items() if key == "val_accuracy"})

@@ -2,7 +2,7 @@
 
 import io
 
-from bwopt.report import ProgressBar, figure_rows, figures_table, summary_table
+from bwopt.terminal import ProgressBar, figure_rows, figures_table, summary_table
 
 
 class FakeTerminal(io.StringIO):
@@ -95,8 +95,28 @@ FIGURES = {
     "val_accuracy": 0.91921,
     "recommendation": "highly input-bound: ...; try pipeline=tuned",
     "mlflow_run_id": "0ecedec1",
-    "timed_wall_s": 0.36,  # not a row of its own
+    "timed_wall_s": 0.36,  # the window, on the step time row
 }
+
+
+def test_the_step_reads_as_a_partition_that_adds_up_with_its_intervals():
+    figures = {
+        **FIGURES,
+        "throughput_examples_per_s_ci95": [35000.0, 38100.0],
+        "input_stall_fraction": 0.5,
+        "host_overhead_fraction": 0.1,
+        "verdict": "highly input-bound",
+        "step_partition": {"compute": 0.4, "input_stall": 0.5, "host_overhead": 0.1, "other": 0.0},
+        "step_partition_ci95": {"compute": [0.38, 0.43], "input_stall": [0.47, 0.52], "host_overhead": [0.09, 0.11]},
+        "input_wait_fraction_ci95": [0.561, 0.612],
+    }
+    rows = dict(figure_rows(figures))
+    assert rows["throughput"] == "36,741.6 examples/s (95 % CI 35,000–38,100)  (9.55 MB/s)"
+    assert rows["input wait"] == "59.0% (95 % CI 56.1%–61.2%) of step time in next()"
+    assert rows["step"] == (
+        "compute 40.0 % (38–43) + input stall 50.0 % (47–52) + host overhead 10.0 % (9–11) = 100 % of step time"
+    )
+    assert rows["verdict"] == "highly input-bound"
 
 
 def test_a_long_value_wraps_under_its_column():
@@ -113,8 +133,8 @@ def test_figures_table_formats_every_figure():
     rows = dict(figure_rows(FIGURES))
     assert rows == {
         "throughput": "36,741.6 examples/s  (9.55 MB/s)",
-        "step time": "p50 1.694 ms  p90 2.797 ms  p99 4.429 ms  jitter 0.500 ms  (215 timed steps)",
-        "input wait": "59.0% of step time: highly input-bound",
+        "step time": "p50 1.694 ms  p90 2.797 ms  p99 4.429 ms  jitter 0.500 ms  (215 timed steps in 0.36 s)",
+        "input wait": "59.0% of step time in next()",
         "ceilings": "compute 90,000.0 examples/s  input 45,927.0 examples/s (11.90 MB/s)",
         "efficiency": "80.0% of the lower ceiling",
         # 9.55 MB/s of 4.775 GB/s is 0.2 %.
