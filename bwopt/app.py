@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -117,8 +118,29 @@ register_plugins()  # before Hydra composes: its scan misses them in a default e
 hydra_main = hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")(run_job)
 
 
+class RunFolderCheck(Callback):
+    """Refuses, before Hydra makes or writes the run's (or sweep's) folder, one that cannot be used
+    (`unwritable_run_folder`), wherever it was set: on the command line, in a preset, in your own
+    config (conf/config.yaml names it under `hydra.callbacks`)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(config, "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(config: DictConfig, key: str) -> None:
+        group, name = key.rsplit(".", 1)
+        value = OmegaConf.to_container(OmegaConf.select(config, group), resolve=False)[name]
+        message = unwritable_run_folder([f"{key}={value}"])
+        if message:
+            print(f"bwopt: invalid config: {message}", file=sys.stderr)
+            sys.exit(EXIT_INVALID_CONFIG)
+
+
 def unwritable_run_folder(arguments) -> Optional[str]:
-    """Why the run folder given on the command line cannot be used, or None.
+    """Why the run folder in `arguments` (`key=value` strings) cannot be used, or None.
 
     Hydra makes the folder before bwopt runs and answers a failure with a traceback; its fixed
     part (up to the first `${...}`) is made here first, as Hydra would make it, and must have room
@@ -167,10 +189,6 @@ def main() -> None:
         if message:
             print(f"bwopt: invalid config: {message}", file=sys.stderr)
             sys.exit(2)
-    message = unwritable_run_folder(sys.argv[1:])
-    if message:
-        print(f"bwopt: invalid config: {message}", file=sys.stderr)
-        sys.exit(EXIT_INVALID_CONFIG)
     try:
         hydra_main()
     except KeyboardInterrupt:  # the run already ended KILLED and printed what it measured

@@ -72,6 +72,14 @@ def test_a_run_folder_holding_the_users_files_is_refused_and_left_as_it_was(tmp_
     assert f"hydra.run.dir={folder} already holds files no run wrote (config.yaml, plots, summary.json)" in line
     assert digest(folder) == before and not (folder / ".hydra").exists()
     assert not (tmp_path / "outputs").exists()  # nothing else made either: no store, no run
+    # The same folder named in a preset of one's own config folder, not on the command line.
+    presets = tmp_path / "my_conf" / "experiment"
+    presets.mkdir(parents=True)
+    (presets / "mine.yaml").write_text(f"# @package _global_\nhydra:\n  run:\n    dir: {folder}\n")
+    options = ["--config-dir", str(tmp_path / "my_conf")]  # before the overrides, as Hydra's parser wants
+    result = run_bwopt(*options, "experiment=mine", "measure.min_timed_s=0", *TINY, cwd=tmp_path)
+    assert "already holds files no run wrote" in one_line_refusal(result, 2)
+    assert digest(folder) == before and not (tmp_path / "outputs").exists()
 
 
 def test_a_sweep_folder_holding_the_users_files_is_refused_and_left_as_it_was(tmp_path):
