@@ -122,12 +122,22 @@ def test_a_named_pipe_among_the_data_files_is_refused_up_front_instead_of_blocki
     assert "Traceback" not in result.stderr and count_runs(tmp_path / "outputs" / "mlflow.db") == 0
 
 
-def test_a_signal_during_the_ceilings_stops_them_within_seconds_and_keeps_what_was_measured(tmp_path):
-    """measure.ceiling_steps=100000000 would run for hours: the ceilings' loops check the stop between steps."""
-    overrides = ["train.epochs=2", "measure.ceilings=true", "measure.ceiling_steps=100000000"]
+@pytest.mark.parametrize(
+    "phase",
+    [
+        # the ceilings' loops check the stop between steps
+        ["measure.ceilings=true", "measure.ceiling_steps=100000000"],
+        # forward passes outside any loop of steps: the first signal raises at once
+        ["measure.ceilings=false", "measure.inference_batch_sizes=[1]", "measure.inference_batches=100000000"],
+    ],
+    ids=["ceilings", "inference"],
+)
+def test_a_signal_after_training_stops_the_phase_within_seconds_and_keeps_what_was_measured(tmp_path, phase):
+    """A phase of 100000000 steps or batches would run for hours: the first signal ends it."""
+    overrides = ["train.epochs=2", *phase]
     process = start(tmp_path, *overrides, "measure.progress=false", "measure.memcpy_bandwidth=false")
     read_until(process.stdout, "epoch 2/2")
-    time.sleep(3)  # the validation pass, the host references: the ceilings are running now
+    time.sleep(3)  # the validation pass, the host references: the phase is running now
     _, stderr, took_s = stop_and_time(process, signal.SIGTERM)
     assert process.returncode == 143 and took_s < 15, (took_s, stderr[-3000:])  # the records take seconds
     assert "Traceback" not in stderr

@@ -4,7 +4,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from bwopt.measure.timing import TimingFigures
+from bwopt.measure.timing import BOTH_BOUND, TimingFigures
 
 
 @dataclass
@@ -140,7 +140,8 @@ def recommend(
 
     The verdict is `figures.verdict` (the input-wait verdict when the wait was not split).
     Input-bound runs name the pipeline settings that are off; host-overhead-bound runs get
-    `train.steps_per_execution`; compute-bound runs get the compute-side knobs. The ceilings,
+    `train.steps_per_execution`; runs bound by both get both cures, the larger share's first;
+    compute-bound runs get the compute-side knobs. The ceilings,
     when measured, are quoted next to the throughput.
     """
     verdict = figures.verdict or (
@@ -166,6 +167,9 @@ def recommend(
                 f"{diagnosis}. Neither input nor host overhead stands out: time a longer window (measure.min_timed_s)"
             )
         return f"{diagnosis}. Try {', then '.join(tries)}"
+    if verdict == BOTH_BOUND:
+        tries = [step for _, step in sorted(_cures(figures, knobs), reverse=True)]
+        return f"{diagnosis}. Each costs a fifth of the step or more: try {', then '.join(tries)}"
     if verdict == "host-overhead-bound":
         cure = _host_cure(figures)
         return f"{diagnosis}. The host's fixed cost per step (fetch a ready batch, dispatch, sync) dominates: {cure}"

@@ -105,7 +105,7 @@ class TimingFigures:
         host_overhead_fraction: total host overhead / timed_wall_s (None: no reference measured).
         verdict: what limits the run: "highly input-bound" or "moderately input-bound" (the
             Profiler's thresholds on the stall), "host-overhead-bound" (host overhead >= 20 %
-            of step time), else "compute-bound"; see `bottleneck_verdict`.
+            of step time), both at once `BOTH_BOUND`, else "compute-bound"; see `bottleneck_verdict`.
     """
 
     num_timed_steps: int
@@ -163,17 +163,18 @@ def input_bound_verdict(input_wait_fraction: float) -> str:
     return "highly input-bound"
 
 
+# Both the input stall and host overhead at or above their 20 % thresholds: each cure pays on its own,
+# and which share is the larger changes from run to run on the same machine, so both are named.
+BOTH_BOUND = "input- and host-overhead-bound"
+
+
 def bottleneck_verdict(input_stall_fraction: float, host_overhead_fraction: float) -> str:
-    """The run's bottleneck: of a stall of >= 20 % of step time ("highly input-bound") and host
-    overhead >= 20 % ("host-overhead-bound"), the larger one; else a stall of >= 5 % is
-    "moderately input-bound"; else "compute-bound" (the device's own work, or the step's math on
-    the CPU). Each has its own cure, so when both are large the verdict names the larger."""
+    """The run's bottleneck: a stall of >= 20 % of step time "highly input-bound", host overhead
+    >= 20 % "host-overhead-bound", both `BOTH_BOUND`; else a stall of >= 5 % is "moderately
+    input-bound"; else "compute-bound" (the device's own work, or the step's math on the CPU)."""
     input_verdict = input_bound_verdict(input_stall_fraction)
-    host_bound = host_overhead_fraction >= HOST_OVERHEAD_BOUND
-    if input_verdict == "highly input-bound" and not (host_bound and host_overhead_fraction > input_stall_fraction):
-        return input_verdict
-    if host_bound:
-        return "host-overhead-bound"
+    if host_overhead_fraction >= HOST_OVERHEAD_BOUND:
+        return BOTH_BOUND if input_verdict == "highly input-bound" else "host-overhead-bound"
     return "compute-bound" if input_verdict == "not input-bound" else input_verdict
 
 
@@ -191,15 +192,11 @@ def level(bounds: Sequence[float], thresholds: Sequence[Tuple[float, str]], belo
 INPUT_LEVELS = ((MODERATELY_INPUT_BOUND, "moderately input-bound"), (HIGHLY_INPUT_BOUND, "highly input-bound"))
 
 
-def interval_verdict(
-    stall_ci: Sequence[float], host_ci: Optional[Sequence[float]], difference_ci: Optional[Sequence[float]]
-) -> str:
+def interval_verdict(stall_ci: Sequence[float], host_ci: Optional[Sequence[float]]) -> str:
     """`bottleneck_verdict` where the intervals clear its thresholds; otherwise "mixed: ..." with what is known.
 
     `stall_ci`: the input stall's share (the whole input wait's when it was not split);
-    `host_ci`: host overhead's share (None: not split); `difference_ci`: stall - host overhead.
-    When both are at or above 20 %, the larger is named only if their difference's interval
-    excludes 0.
+    `host_ci`: host overhead's share (None: not split).
     """
     input_level = level(stall_ci, INPUT_LEVELS, "not input-bound")
     known = f"input stall {percent_range(stall_ci)}"
@@ -209,21 +206,15 @@ def interval_verdict(
         return input_level or f"mixed: {known}, at a threshold of input-bound (5 %, 20 %)"
     host_bound = level(host_ci, ((HOST_OVERHEAD_BOUND, True),), False)
     known += f", host overhead {percent_range(host_ci)}"
-    stall_larger = difference_ci is not None and difference_ci[0] > 0
-    host_larger = difference_ci is not None and difference_ci[1] < 0
-    may_be_highly = stall_ci[1] >= HIGHLY_INPUT_BOUND
     if host_bound is True:
-        if not may_be_highly or host_larger:
-            return "host-overhead-bound"
-        return "highly input-bound" if input_level == "highly input-bound" and stall_larger else f"mixed: {known}"
+        if input_level == "highly input-bound":
+            return BOTH_BOUND
+        return "host-overhead-bound" if stall_ci[1] < HIGHLY_INPUT_BOUND else f"mixed: {known}"
     if host_bound is False:
         if input_level == "not input-bound":
             return "compute-bound"
         return input_level or f"mixed: {known}"
-    # Host overhead straddles 20 %.
-    if input_level == "highly input-bound" and stall_larger:
-        return input_level
-    return f"mixed: {known}"
+    return f"mixed: {known}"  # host overhead straddles 20 %
 
 
 @dataclass(frozen=True)
@@ -324,7 +315,7 @@ def timing_figures(
         ready_execution_s=references.ready_execution_s if references else None,
         input_stall_fraction=stall_fraction,
         host_overhead_fraction=host_fraction,
-        verdict=interval_verdict(stall_ci or wait_ci, host_ci, uncertain.stall_minus_host_ci95),
+        verdict=interval_verdict(stall_ci or wait_ci, host_ci),
         throughput_examples_per_s_ci95=uncertain.throughput_ci95,
         input_wait_fraction_ci95=wait_ci,
         input_stall_fraction_ci95=stall_ci,

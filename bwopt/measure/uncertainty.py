@@ -74,14 +74,12 @@ class StepUncertainty:
         throughput_ci95: [low, high] of the examples/s over the timed window.
         partition: part -> share of step time (`PARTS`; the shares sum to 1).
         partition_ci95: part -> [low, high].
-        stall_minus_host_ci95: [low, high] of input stall share - host overhead share (None when not split).
         series_ci95: name -> [low, high] of the share of step time of each series passed in.
     """
 
     throughput_ci95: List[float]
     partition: Dict[str, float]
     partition_ci95: Dict[str, List[float]]
-    stall_minus_host_ci95: Optional[List[float]] = None
     series_ci95: Dict[str, List[float]] = field(default_factory=dict)
 
 
@@ -111,13 +109,10 @@ def step_uncertainty(
     walls = sums[:, :num_parts].sum(axis=1)
     shares = clip_stall(sums[:, :num_parts]) / walls[:, None]
     partition = {name: float(totals[index] / totals.sum()) for index, name in enumerate(PARTS)}
-    stall, host = PARTS.index("input_stall"), PARTS.index("host_overhead")
-    difference = interval(shares[:, stall] - shares[:, host]) if np.any(matrix[:, host]) else None
     return StepUncertainty(
         throughput_ci95=interval(len(matrix) * examples_per_loop_step / walls),
         partition=partition,
         partition_ci95={name: interval(shares[:, index]) for index, name in enumerate(PARTS)},
-        stall_minus_host_ci95=difference,
         series_ci95={name: interval(sums[:, num_parts + index] / walls) for index, name in enumerate(series)},
     )
 

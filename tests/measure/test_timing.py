@@ -194,8 +194,9 @@ def test_with_steps_per_execution_the_stall_is_time_beyond_a_ready_execution():
 @pytest.mark.parametrize(
     "stall,host,verdict",
     [
-        (0.25, 0.20, "highly input-bound"),
-        (0.21, 0.38, "host-overhead-bound"),  # both large: the larger one, whose cure pays most
+        (0.25, 0.10, "highly input-bound"),
+        (0.25, 0.20, "input- and host-overhead-bound"),
+        (0.21, 0.38, "input- and host-overhead-bound"),  # both large: both, whichever is larger
         (0.10, 0.30, "host-overhead-bound"),
         (0.10, 0.10, "moderately input-bound"),
         (0.01, 0.19, "compute-bound"),
@@ -211,6 +212,22 @@ def test_host_overhead_bound_runs_are_told_to_fuse_steps():
     assert figures.verdict == "host-overhead-bound"
     advice = recommend(figures, PipelineKnobs(prefetch=2, map_parallelism=2, cache="memory", transfer_dtype="uint8"))
     assert advice.startswith("host-overhead-bound") and "train.steps_per_execution=8" in advice
+
+
+def test_a_run_bound_by_both_is_told_both_cures_the_larger_share_first():
+    import dataclasses
+
+    from bwopt.measure.timing import BOTH_BOUND
+
+    timer = StepTimer([0.1e-3] * 4, [0.3e-3] * 4)
+    figures = timing_figures(timer, StepPlan(1, 4, 0), 10, 10, HostReferences(0.1e-3, fetch_overhead_s=0.1e-3))
+    knobs = PipelineKnobs(prefetch=0, map_parallelism=1, cache="off", transfer_dtype="float32")
+    for stall, host, first in ((0.30, 0.22, "pipeline=tuned"), (0.22, 0.30, "train.steps_per_execution=8")):
+        both = dataclasses.replace(figures, verdict=BOTH_BOUND, input_stall_fraction=stall, host_overhead_fraction=host)
+        advice = recommend(both, knobs)
+        assert advice.startswith(f"{BOTH_BOUND}: input stall {stall * 100:.0f} %, host overhead {host * 100:.0f} %")
+        assert "pipeline=tuned" in advice and "train.steps_per_execution=8" in advice
+        assert advice.index(first) == min(advice.index("pipeline=tuned"), advice.index("train.steps_per_execution=8"))
 
 
 def test_ceilings_keep_the_median_and_spread_of_their_blocks():
