@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from bwopt.schema.checks import ConfigError
 
@@ -42,6 +42,19 @@ def free_bytes(path: Path) -> int:
     return stats.f_bavail * stats.f_frsize
 
 
+def missing_folders(folder: Path) -> List[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first."""
+    return [parent for parent in (folder, *folder.parents) if not parent.exists()]
+
+
+def remove_folders(made: List[Path]) -> None:
+    """Remove the folders `missing_folders` named and a check then made (deepest first): a refused
+    run leaves a full disk as it was."""
+    for parent in made:
+        if parent.is_dir():
+            parent.rmdir()
+
+
 def make_folder(key: str, folder: Path, needed_bytes: int = 0, value: Optional[str] = None) -> None:
     """Make `folder` (and its parents), or raise ConfigError naming `key`, the path and the cause.
 
@@ -51,7 +64,7 @@ def make_folder(key: str, folder: Path, needed_bytes: int = 0, value: Optional[s
     blocker = nearest_existing(folder)
     if not blocker.is_dir():
         raise ConfigError(f"{shown}: {blocker} is a file, not a folder; give a folder path")
-    made = [parent for parent in (folder, *folder.parents) if not parent.exists()]  # deepest first
+    made = missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -61,9 +74,7 @@ def make_folder(key: str, folder: Path, needed_bytes: int = 0, value: Optional[s
             ) from None
     free = free_bytes(folder)
     if needed_bytes and free < needed_bytes:
-        for parent in made:  # a full disk is left as it was
-            if parent.is_dir():
-                parent.rmdir()
+        remove_folders(made)
         raise ConfigError(
             f"{shown}: no space left: {readable_bytes(free)} free on {blocker}, and this needs "
             f"~{readable_bytes(needed_bytes)}; free some space or point {key} elsewhere"

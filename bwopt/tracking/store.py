@@ -19,7 +19,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from bwopt.disk import free_bytes, readable_bytes
+from bwopt.disk import free_bytes, missing_folders, readable_bytes, remove_folders
 from bwopt.redact import redact_text
 
 # Bounded waits on an HTTP tracking server (MLflow's defaults retry for minutes); the user's own
@@ -81,7 +81,7 @@ def check_store(uri: str) -> None:
     database = sqlite_path(uri)
     if database is not None:
         folder = database.parent if database.parent != Path("") else Path(".")
-        made = [parent for parent in (folder, *folder.parents) if not parent.exists()]  # deepest first
+        made = missing_folders(folder)
         try:
             folder.mkdir(parents=True, exist_ok=True)  # as the store's lock would, with one line if it cannot
         except OSError as error:
@@ -108,9 +108,7 @@ def check_store(uri: str) -> None:
         if database.is_file() and database.stat().st_size:
             probe_sqlite(uri, database)
         elif free_bytes(folder) < NEW_STORE_BYTES:
-            for parent in made:  # a full disk is left as it was
-                if parent.is_dir():
-                    parent.rmdir()
+            remove_folders(made)
             raise TrackingUnavailable(
                 f"tracking.uri={redact_text(uri)}: no space left: {readable_bytes(free_bytes(folder))} free on "
                 f"{folder}, and a new MLflow store needs ~{readable_bytes(NEW_STORE_BYTES)}; free some space "
