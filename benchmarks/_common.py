@@ -8,8 +8,10 @@ imports it as `_common` (the script's own folder is first on sys.path when it is
   validated by `bwopt.app.validate`; returns (Config, resolved dict) for `bwopt.modes.run`.
 - `run_bwopt(config, resolved, folder)`: one real bwopt run, its printed summary swallowed;
   returns its `Summary` (raises when the run did not finish).
-- `alternate(sides, rounds)`: every side once per round, the order reversed every other round
-  (ABBA...), so a drift in machine speed hits every side alike; returns each side's values.
+- `alternate(sides, rounds)`: every side once per round; two sides in ABBA order, so a drift in
+  machine speed hits both alike; three or more in a new seeded random order each round, so no side
+  always follows the same one (the side before can slow the next: its pipeline refills the buffers
+  its block drained on the same cores); returns each side's values.
 - `spread(values)` / `ratios(a, b)`: "median M (95 % CI of the median; min, max)" text, and
   per-round ratios a/b; `verdict(values, target)` says "target met" only when the interval
   clears the target, "target missed" when it lies on the wrong side, else "within noise of the
@@ -19,6 +21,7 @@ imports it as `_common` (the script's own folder is first on sys.path when it is
 import contextlib
 import io
 import os
+import random
 import statistics
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
@@ -62,10 +65,19 @@ def run_bwopt(config, resolved, folder: Path):
 
 
 def alternate(sides: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, List[object]]:
-    """Each side's results over `rounds` rounds, every side once per round, order reversed every other round."""
+    """Each side's results over `rounds` rounds, every side once per round: two sides ABBA..., more
+    in a seeded random order per round. With four sides in a fixed ABCD DCBA order, bwopt / plain
+    loop read 0.958 (95 % CI 0.941-0.977) where a random order read 0.996 (0.970-1.005): in that
+    order one side always ran after the same, heavier neighbour."""
+    order = random.Random(0)
     results: Dict[str, List[object]] = {name: [] for name in sides}
     for round_number in range(rounds):
-        for name in list(sides) if round_number % 2 == 0 else list(reversed(list(sides))):
+        names = list(sides)
+        if len(names) == 2:
+            names = names if round_number % 2 == 0 else names[::-1]
+        else:
+            order.shuffle(names)
+        for name in names:
             results[name].append(sides[name]())
     return results
 

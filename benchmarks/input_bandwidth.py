@@ -9,7 +9,7 @@ bfloat16, float16 and float32, with the memcpy test on (`measure.memcpy_bandwidt
 5 copies of 64 MiB in the same process, bwopt.measure.host). The first 16 batches (one pass,
 which fills the cache) are warm-up.
 
-The dtypes alternate in rounds (order reversed every other round). Printed per dtype: the
+The dtypes alternate in rounds (in `_common.alternate`'s order). Printed per dtype: the
 input throughput in bytes/s as transferred (features in the transfer dtype plus the int32
 label) and examples/s, and the per-round ratio of those bytes/s to the host memcpy bandwidth
 of the same run (median, min-max). No target: the figure says how far a pipeline is from the

@@ -6,7 +6,7 @@ photographs and cached under outputs/sample_images/), its training split (80 % o
 stratified), TF Model Garden's training preprocessing per image: read the file, sample a
 distorted bounding box (8-100 % of the area, aspect 3/4 to 4/3), decode that window, flip at
 random, resize to 64x64, round to uint8; batches of 32. Nothing trains: the input alone.
-Three sides, alternated round by round (order reversed every other round):
+Three sides, alternated round by round (in `_common.alternate`'s order):
 
 - `bwopt fused`: a real bwopt run in `mode=input` (bwopt.modes.run_input_only: the distributed
   training dataset iterated alone, each batch waited for) with pipeline=default,

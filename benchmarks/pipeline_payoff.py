@@ -3,7 +3,7 @@
 Every run is a real bwopt experiment: the real conf/ composed with Hydra's compose API plus
 overrides, validated with `bwopt.app.validate`, run by `bwopt.modes.run` (tracking=none, no
 memcpy test, no progress bar, its printed summary swallowed), and read back from its Summary.
-Each comparison runs its sides alternated round by round (order reversed every other round);
+Each comparison runs its sides alternated round by round (in `_common.alternate`'s order);
 every ratio printed is the median of the per-round ratios, with their min-max.
 
 (a) the input-bound preset, `experiment=pipelines` (conf/experiment/pipelines.yaml: 16,384

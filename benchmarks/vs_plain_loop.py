@@ -10,8 +10,10 @@ scikit-learn's digits (8x8x1), the default optimizer, default strategy, CPU:
 - `cnn`: bwopt's small CNN (conf/model/cnn.yaml, filters 16, 32), batch 128.
 
 Each side is built once and then trains blocks of `STEPS` steps, wall clock around each block,
-after a warm-up block; the sides alternate block by block (order reversed every other round), so
-that a change in the machine's load falls on every side alike, over `--rounds` rounds:
+after a warm-up block and a pause of `SETTLE_S` in which every pipeline refills its buffers (else
+the side before would refill its own on the cores the timed side needs); the sides alternate
+block by block (in `_common.alternate`'s order), so that a change in the machine's load falls
+on every side alike, over `--rounds` rounds:
 
 - `bwopt`: `bwopt.train.train` (the timed loop of every bwopt run: `next()` and the step
   timed apart, the step's results read on the host every step, the step timer, the epoch
@@ -28,7 +30,7 @@ it. Targets: bwopt / plain loop >= 0.98 (the observer costs at most 2 %); plain 
 bwopt's pipeline / over the plain one >= 1.0.
 
 Run: `.venv/bin/python benchmarks/vs_plain_loop.py` (every workload; about 5 min each on 2
-cores at 60 rounds); `BWOPT_BENCHMARK_SMOKE=1` runs one short round (the smoke test).
+cores at 150 rounds); `BWOPT_BENCHMARK_SMOKE=1` runs one short round (the smoke test).
 """
 
 import argparse
@@ -37,9 +39,10 @@ import time
 
 from _common import SMOKE, alternate, compose, configure_devices, load_line, ratios, spread, verdict
 
-ROUNDS = 1 if SMOKE else int(os.environ.get("BWOPT_BENCHMARK_ROUNDS", "60"))
-STEPS = 16 if SMOKE else 160  # per block; a multiple of 8
+ROUNDS = 1 if SMOKE else int(os.environ.get("BWOPT_BENCHMARK_ROUNDS", "150"))
+STEPS = 16 if SMOKE else 48  # per block, a multiple of 8: short blocks, many rounds, a tight interval
 SEED = 0
+SETTLE_S = 0.05  # before each block: every pipeline's buffers full, its threads idle
 # name -> (what it is, its overrides of conf/, global batch)
 WORKLOADS = {
     "mlp512": ("MLP 512-512", ["model.hidden_units=[512,512]"], 256),
@@ -121,6 +124,10 @@ def build_sides(config):
 
 def timed(block, batch: int):
     def measure() -> float:
+        # Every side's pipeline refills the buffers its last block drained: on the same cores, that
+        # would slow whichever side runs next (measured: bwopt / plain loop 0.960 with four sides
+        # and no pause, 1.009 with two), so all buffers refill before the clock starts.
+        time.sleep(SETTLE_S)
         started = time.perf_counter()
         block(STEPS)
         return STEPS * batch / (time.perf_counter() - started)

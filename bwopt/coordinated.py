@@ -53,7 +53,7 @@ def run_coordinated_training(workload: "Workload", hooks: Sequence[Hook]) -> Dic
         with tf.control_dependencies(tf.nest.flatten(batch)):
             fetched = tf.timestamp()
         sums = steps.train_step(batch)
-        with tf.control_dependencies(list(sums)):
+        with tf.control_dependencies([sums]):
             finished = tf.timestamp()
         return sums, started, fetched, finished, worker_id
 

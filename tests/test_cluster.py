@@ -279,10 +279,10 @@ def test_the_first_signal_stops_the_wait_for_a_task_that_never_starts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_stopped_local_cluster_ends_the_chiefs_run_killed_with_what_it_measured(tmp_path, signum, code):
-    """Ctrl-C or a scheduler's SIGTERM reaches the launcher; the chief stops at its next step and
-    records, then the others stop."""
+    """Ctrl-C, a scheduler's SIGTERM or a closed terminal's SIGHUP reaches the launcher; the chief
+    stops at its next step and records, then the others stop."""
     process = start_bwopt(tmp_path, *MULTI_WORKER, "train.epochs=200", "train.warmup_steps=2", "measure.progress=false")
     for line in process.stdout:
         if line.startswith("epoch 2/"):

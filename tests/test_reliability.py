@@ -149,14 +149,18 @@ def test_a_signal_after_training_stops_the_phase_within_seconds_and_keeps_what_w
     assert summary["figures"]["dispatch_overhead_s"] > 0  # measured before the ceilings, kept
 
 
-@pytest.mark.parametrize("signum, code, other", [(signal.SIGTERM, 143, "SIGINT"), (signal.SIGINT, 130, "SIGTERM")])
+@pytest.mark.parametrize(
+    "signum, code, other",
+    [(signal.SIGTERM, 143, "SIGINT"), (signal.SIGINT, 130, "SIGTERM"), (signal.SIGHUP, 129, "SIGTERM")],
+)
 def test_a_stopped_sweep_is_one_line_and_its_parent_run_says_why(tmp_path, signum, code, other):
-    """SIGTERM from a scheduler reaches the launcher alone; Ctrl-C in a terminal reaches the
-    launcher and its job together (the terminal signals the whole process group)."""
+    """SIGTERM from a scheduler reaches the launcher alone; Ctrl-C in a terminal, and SIGHUP when
+    the terminal or the SSH session closes, reach the launcher and its job together (the terminal
+    signals the whole process group)."""
     process = start(tmp_path, "-m", "pipeline.prefetch=0,2", "train.epochs=500", "measure.progress=false", group=True)
     read_until(process.stdout, "epoch 2/")
-    if signum == signal.SIGINT:
-        os.killpg(process.pid, signal.SIGINT)
+    if signum in (signal.SIGINT, signal.SIGHUP):
+        os.killpg(process.pid, signum)
         stdout, stderr = process.communicate(timeout=120)
     else:
         stdout, stderr, _ = stop_and_time(process, signum)

@@ -47,14 +47,14 @@ def test_evaluation_counts_the_examples_and_matches_the_model_by_hand():
 def test_two_replicas_sum_to_the_global_batch(devices):
     import tensorflow as tf
 
-    from bwopt.measure import read_on_host
+    from bwopt.train import read_sums
 
     # Reduction to one device: no collective ops, whose keys a second strategy in one process may reuse.
     cross_device_ops = tf.distribute.ReductionToOneDevice()
     strategy = tf.distribute.MirroredStrategy(devices.device_names[:2], cross_device_ops=cross_device_ops)
     _, steps = build(strategy, 16)
     batch = next(iter(strategy.experimental_distribute_dataset(batches(16, 1))))
-    loss_sum, correct, num_examples = read_on_host(steps.train_step(batch))
+    loss_sum, correct, num_examples = read_sums(steps.train_step(batch))
     assert num_examples == 16 and 0 <= correct <= 16 and loss_sum > 0
 
 
