@@ -183,7 +183,7 @@ class Inputs:
 
     def elements(self, training: bool, num_pipelines: int = 1, pipeline_id: int = 0):
         """Single examples of one split, for input pipeline `pipeline_id` of `num_pipelines`."""
-        from bwopt.pipeline import array_elements, file_elements
+        from bwopt.pipeline import array_elements, file_elements, image_file_elements
 
         pipeline = self.config.pipeline
         if self.materialised:
@@ -203,7 +203,7 @@ class Inputs:
             if num_pipelines > 1:
                 indices = shard(indices, self.source.labels, self.config.split.name, num_pipelines, pipeline_id)
             if isinstance(self.source, ImageFileSource):  # the files' paths: the pipeline reads them
-                return array_elements(self.source.files[indices], self.source.labels[indices])
+                return image_file_elements(self.source.files[indices], self.source.labels[indices], indices)
             return array_elements(self.source.features[indices], self.source.labels[indices])
         if isinstance(self.source, DatasetSource):
             dataset = self.source.train if training else self.source.validation

@@ -34,6 +34,14 @@ def array_elements(features: np.ndarray, labels: np.ndarray):
     return tf.data.Dataset.from_tensor_slices((features, labels))
 
 
+def image_file_elements(paths: np.ndarray, labels: np.ndarray, identities: np.ndarray):
+    """(path, label, identity) elements of image files: each file's place in its folder's file
+    list is its identity, the key of its random crop (EncodedImages.paths)."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((paths, labels, np.asarray(identities, dtype=np.int64)))
+
+
 def file_elements(config, paths: Sequence[str], open_file: Callable):
     """Elements of many files, read `interleave.cycle_length` at a time."""
     import tensorflow as tf
@@ -183,9 +191,10 @@ class EncodedImages:
 
     Attributes:
         image_size: [height, width] of the decoded images.
-        paths: the elements are image files' paths, read in the map that decodes them (or, when
-            a cache must hold the bytes before a random stage, in a map of their own); else they
-            hold the encoded bytes.
+        paths: the elements are (path, label, identity) triples: an image file's path, read in
+            the map that decodes it (or, when a cache must hold the bytes before a random stage,
+            in a map of their own), and its place in the folder's file list (int64), which keys
+            its random crop; else (encoded bytes, label) pairs, keyed by a fingerprint of the bytes.
         jpeg_only: every image is a JPEG (bwopt.preprocess.Decoding).
     """
 
@@ -204,17 +213,19 @@ def build_image_dataset(
     images: EncodedImages,
     service: Optional[Callable] = None,
 ):
-    """Batches of images from (encoded image or its path, int32 label) elements, preprocessed as
+    """Batches of images from (encoded image, int32 label) or (path, label, identity) elements
+    (`EncodedImages.paths`), preprocessed as
     `pipeline.preprocess` says (bwopt.preprocess), per element, with `pipeline.map_parallelism`.
 
     A deterministic preprocessing reads and decodes before the cache, which then holds decoded
     images; a random one (imagenet's for training) runs after shuffle and repeat, so the cache
-    holds the encoded bytes and every epoch draws new crops, keyed by the image's bytes, the epoch
-    and the seed (`bwopt.preprocess.element_seeds`), whatever its order. Otherwise as `build_dataset`.
+    holds the encoded bytes and every epoch draws new crops, keyed by the image's identity, the
+    epoch and the seed (`bwopt.preprocess.element_seeds`), whatever its order. Otherwise as
+    `build_dataset`.
     """
     import tensorflow as tf
 
-    from bwopt.preprocess import Decoding, element_seeds, preprocessing
+    from bwopt.preprocess import Decoding, element_seeds, image_identity, preprocessing
 
     fixed, random = preprocessing(config.preprocess)
     decoding = Decoding(tuple(images.image_size), config.fused_decode_crop, images.jpeg_only)
@@ -230,21 +241,22 @@ def build_image_dataset(
     if training and random is not None:
         if read_file and (config.cache != "off" or config.snapshot.path):
             # The cache must hold the files' bytes, not their paths: read them in a map of their own.
-            encoded = encoded.map(lambda path, label: (tf.io.read_file(path), label), **parallel)
+            encoded = encoded.map(lambda path, *rest: (tf.io.read_file(path), *rest), **parallel)
             read_file = False
 
         examples_per_epoch = epoch_size(encoded)
 
         def decode(example, position):
-            data, label = example
+            data, label, *identity = example
             encoded_image = tf.io.read_file(data) if read_file else data
-            seeds = element_seeds(encoded_image, position // examples_per_epoch, seed)
+            identity = identity[0] if identity else image_identity(encoded_image)
+            seeds = element_seeds(identity, position // examples_per_epoch, seed)
             return finish(random(encoded_image, seeds, decoding), label)
 
         maps = Maps(decode=decode, augment=make_augment(config, PIXEL_RANGE, seed, encoded))
         return assemble(config, encoded, maps, batch_size, training=training, seed=seed, service=service)
 
-    def decode_fixed(data, label):
+    def decode_fixed(data, label, *_):  # a deterministic preprocessing needs no identity
         encoded_image = tf.io.read_file(data) if read_file else data
         return finish(fixed(encoded_image, decoding), label)
 

@@ -14,9 +14,10 @@ image and cropping it; PNG, BMP and GIF files are always decoded whole. Both giv
 (the same pixels within two levels).
 
 Every function returns uint8 images of shape [height, width, 3]. Random choices are stateless,
-drawn with seeds made from the image itself (a fingerprint of its encoded bytes), the epoch and the
-run's seed (`element_seeds`), never from its place in the stream: an image gets the same crop and
-flip in an epoch whatever the order it arrives in (shuffling, or a parallel map or read with
+drawn with seeds made from the image's identity (`image_identity`: an image file's place in its
+folder's file list, or a fingerprint of encoded bytes), the epoch and the run's seed
+(`element_seeds`), never from its place in the stream: an image gets the same crop and flip in an
+epoch whatever the order it arrives in (shuffling, or a parallel map or read with
 pipeline.deterministic=false), so the pipeline's speed knobs never change the examples.
 """
 
@@ -114,23 +115,32 @@ def random_window(seed):
     return window
 
 
-def element_seeds(encoded, epoch, seed: int):
+def image_identity(encoded):
+    """int64: a fingerprint of an image's encoded bytes (tf.fingerprint, farmhash), for images that
+    arrive as bytes (TFRecords, your dataset). Image files are known by their place in the folder's
+    file list instead, given with the path: fingerprinting each file's bytes measured 1-8 % of a
+    200-pixel JPEG's preprocessing (benchmarks/jpeg_pipeline.py)."""
+    import tensorflow as tf
+
+    return tf.bitcast(tf.fingerprint(tf.reshape(encoded, [1]))[0], tf.int64)
+
+
+def element_seeds(identity, epoch, seed: int):
     """int64 [2, 2]: the stateless seeds of one image's crop ([0]) and flip ([1]).
 
-    Made from a fingerprint of the encoded bytes (tf.fingerprint, farmhash: 2-3 % of a 200-pixel
-    JPEG's preprocessing), the epoch (an int64 scalar) and the run's seed (its low 32 bits), so
-    they depend on which image it is and when, never on its position in the stream. Identical
-    files get identical crops. The pairs are plain integers: TensorFlow passes a stateless seed
-    pair through Philox before it draws (so that no part of the pair must be strong), and two
-    distinct pairs give independent draws. Deriving them with stateless_fold_in and
-    stateless_split instead cost ~6 % of the whole preprocessing (benchmarks/jpeg_pipeline.py).
+    Made from the image's identity (an int64 scalar, `image_identity`), the epoch (an int64
+    scalar) and the run's seed (its low 32 bits), so they depend on which image it is and when,
+    never on its position in the stream. The pairs are plain integers: TensorFlow passes a
+    stateless seed pair through Philox before it draws (so that no part of the pair must be
+    strong), and two distinct pairs give independent draws. Deriving them with stateless_fold_in
+    and stateless_split instead cost ~6 % of the whole preprocessing (benchmarks/jpeg_pipeline.py).
     """
     import tensorflow as tf
 
-    fingerprint = tf.bitcast(tf.fingerprint(tf.reshape(encoded, [1]))[0], tf.int64)
+    identity = tf.cast(identity, tf.int64)
     epoch_bits = tf.bitwise.left_shift(tf.cast(epoch, tf.int64), tf.constant(32, tf.int64))
     stream = tf.bitwise.bitwise_xor(epoch_bits, tf.constant(seed & 0xFFFFFFFF, tf.int64))
-    return tf.stack([tf.stack([fingerprint, stream]), tf.stack([tf.bitwise.invert(fingerprint), stream])])
+    return tf.stack([tf.stack([identity, stream]), tf.stack([tf.bitwise.invert(identity), stream])])
 
 
 def decoded_resized(encoded, decoding: Decoding):

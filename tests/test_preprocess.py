@@ -2,19 +2,22 @@
 or without fused decoding, draws keyed by the image (not its order), and never a cache after a
 random stage."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import compose_config
 
 from bwopt.app import validate
-from bwopt.pipeline import EncodedImages, build_image_dataset
+from bwopt.pipeline import EncodedImages, build_image_dataset, image_file_elements
 from bwopt.preprocess import (
     Decoding,
     center_cropped,
     center_window,
     decode_window,
     element_seeds,
+    image_identity,
     random_window,
     randomly_cropped,
 )
@@ -36,7 +39,9 @@ def encoded_images(count=12, fmt="jpeg"):
     return images, np.array(labels, np.int32)
 
 
-def image_pipeline(*overrides, training=True, seed=0, batch=4, fmt="jpeg"):
+def image_pipeline(*overrides, training=True, seed=0, batch=4, fmt="jpeg", folder=None):
+    """The image pipeline over `encoded_images`: their bytes as elements, or, given a folder, the
+    files written there, as (path, label, identity) elements like an image folder's."""
     config = validate(
         compose_config(
             ["pipeline.preprocess=imagenet", "pipeline.vectorized_map=false", "data=sample_images"]
@@ -44,8 +49,15 @@ def image_pipeline(*overrides, training=True, seed=0, batch=4, fmt="jpeg"):
         )
     ).pipeline
     images, labels = encoded_images(fmt=fmt)
-    elements = tf.data.Dataset.from_tensor_slices((images, labels))
-    return build_image_dataset(config, elements, batch, training=training, seed=seed, images=EncodedImages(SIZE))
+    if folder is None:
+        elements, encoded = tf.data.Dataset.from_tensor_slices((images, labels)), EncodedImages(SIZE)
+    else:
+        paths = np.array([str(folder / f"{index:02d}.{fmt}") for index in range(len(images))])
+        for path, image in zip(paths, images):
+            Path(path).write_bytes(image)
+        elements = image_file_elements(paths, labels, np.arange(len(paths)))
+        encoded = EncodedImages(SIZE, paths=True, jpeg_only=fmt == "jpeg")
+    return build_image_dataset(config, elements, batch, training=training, seed=seed, images=encoded)
 
 
 def ops(dataset):
@@ -100,26 +112,31 @@ def test_the_windows_follow_model_garden():
     assert randomly_cropped(jpeg, seeds, Decoding(SIZE, False)).shape == (*SIZE, 3)
 
 
-def test_an_images_seeds_depend_on_its_bytes_the_epoch_and_the_run_seed_only():
+def test_an_images_seeds_depend_on_its_identity_the_epoch_and_the_run_seed_only():
     jpegs = encoded_images(4)[0]
+    identities = [image_identity(jpeg) for jpeg in jpegs] + [tf.constant(index, tf.int64) for index in range(4)]
     seeds = {
-        (index, epoch, seed): element_seeds(jpeg, epoch, seed).numpy()
-        for index, jpeg in enumerate(jpegs)
+        (index, epoch, seed): element_seeds(identity, epoch, seed).numpy()
+        for index, identity in enumerate(identities)
         for epoch in (0, 1)
         for seed in (0, 7)
     }
     first = seeds[0, 0, 0]
     assert first.shape == (2, 2) and first.dtype == np.int64 and not np.array_equal(first[0], first[1])
     assert len({tuple(pair.reshape(-1)) for pair in seeds.values()}) == len(seeds)  # each its own
-    assert np.array_equal(element_seeds(tf.constant(jpegs[0]), tf.constant(0, tf.int64), 0), first)  # every call
+    again = element_seeds(image_identity(tf.constant(jpegs[0])), tf.constant(0, tf.int64), 0)
+    assert np.array_equal(again, first)  # the same bytes, the same seeds, every call
 
 
 @pytest.mark.slow
-def test_shuffling_moves_the_images_but_not_their_crops():
-    """An epoch read shuffled holds the same crops as one read in order: a crop follows its image."""
+@pytest.mark.parametrize("as_files", [False, True], ids=["bytes", "files"])
+def test_shuffling_moves_the_images_but_not_their_crops(as_files, tmp_path):
+    """An epoch read shuffled holds the same crops as one read in order: a crop follows its image,
+    whether the image is known by its bytes or by its place in a folder."""
 
     def one_epoch(*overrides):
-        images = [features.numpy() for features, _ in image_pipeline(*overrides, "transfer_dtype=uint8").take(3)]
+        pipeline = image_pipeline(*overrides, "transfer_dtype=uint8", folder=tmp_path if as_files else None)
+        images = [features.numpy() for features, _ in pipeline.take(3)]
         return sorted(image.tobytes() for batch in images for image in batch)
 
     in_order = one_epoch("shuffle_buffer=0")

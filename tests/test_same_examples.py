@@ -18,8 +18,9 @@ the same too, epoch by epoch.
   end of an epoch may come after one of the next epoch: there the two epochs read must hold all of
   the reference's first epoch and be part of its first three.
 - Encoded images (data=sample_images, pipeline.preprocess=imagenet) get random crops and flips keyed
-  by the file's bytes, the seed and the epoch (bwopt.preprocess.element_seeds): the same crops
-  whatever order the images come in, shuffled, read in parallel or out of order.
+  by the image's identity (a file's place in its folder's file list), the seed and the epoch
+  (bwopt.preprocess.element_seeds): the same crops whatever order the images come in, shuffled,
+  read in parallel or out of order.
 """
 
 from collections import Counter
