@@ -10,6 +10,10 @@
   the other swept keys, with the same whiskers;
 - `scaling_efficiency.png` when the jobs ran at several replica counts.
 
+A label longer than `LABEL_CHARS` (a search sweeps ten keys) is wrapped over lines at its spaces
+and the figure grows to hold them: on one line it would be wider than the figure, and matplotlib's
+layout would give the axes no room at all.
+
 Throughput axes start at 0; legends sit in the figure's margin, off the data; each plot states the
 jobs' timed window ("1,723 timed steps, 3.1 s", a range when the jobs differ) under its title.
 A report written again removes the plots of these names that it does not draw now (a key no
@@ -17,6 +21,7 @@ longer numeric, no scaling), so the folder holds the latest report's plots only.
 """
 
 import statistics
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -27,6 +32,8 @@ from bwopt.sweep.results import OverrideSet, SweepResults, override_values, read
 PLOT_PATTERNS = ("throughput.png", "throughput_vs_*.png", "scaling_efficiency.png")
 MAX_VALUE_CHARS = 24  # a swept value longer than this is cut in a label
 MAX_VALUE_TICKS = 12  # up to this many swept values get a tick each
+LABEL_CHARS = 44  # a tick label or legend entry longer than this is wrapped over lines
+LINE_IN = 0.17  # inches a line of small text takes
 
 
 @dataclass
@@ -74,6 +81,11 @@ def short_keys(keys: Sequence[str]) -> Dict[str, str]:
                 break
         short[key] = ".".join(tail)
     return short
+
+
+def wrapped(label: str) -> str:
+    """label over lines of at most LABEL_CHARS, broken at its spaces (a "key=value" is never split)."""
+    return textwrap.fill(label, LABEL_CHARS, break_long_words=False, break_on_hyphens=False)
 
 
 def _cut(value: str) -> str:
@@ -161,7 +173,8 @@ def _draw_whiskers(axes, points: List[tuple], horizontal: bool) -> None:
 def throughput_figure(settings: List[Setting], window: str):
     """Per setting, best on top: median throughput split by the input-wait share, repeats as dots, a whisker."""
     rows = list(reversed(settings))  # barh draws bottom-up: best on top
-    figure = new_figure(9, 1.6 + 0.42 * len(rows))
+    labels = [wrapped(row.label) for row in rows]
+    figure = new_figure(9, 1.6 + sum(max(0.42, LINE_IN * (label.count("\n") + 1) + 0.12) for label in labels))
     axes = figure.add_subplot()
     positions = list(range(len(rows)))
     medians = [row.median or 0.0 for row in rows]
@@ -183,7 +196,7 @@ def throughput_figure(settings: List[Setting], window: str):
         failed = row.num_jobs - len(row.runs)
         runs = f"{len(row.runs)} run{'s' if len(row.runs) > 1 else ''}" + (f", {failed} failed" if failed else "")
         axes.text(end + 0.01 * right, position, f" {row.median:,.0f} ({runs})", va="center", fontsize="small")
-    axes.set_yticks(positions, [row.label for row in rows])
+    axes.set_yticks(positions, labels, fontsize="small" if any("\n" in label for label in labels) else None)
     axes.set_xlim(0, right * 1.25)  # room for the value labels
     axes.xaxis.set_major_formatter("{x:,.0f}")
     axes.set_xlabel("throughput (examples/s)")
@@ -216,8 +229,11 @@ def parameter_figure(settings: List[Setting], keys: Sequence[str], key: str, win
     for item in settings:
         if item.median is not None:
             label = " ".join(f"{short[other]}={_cut(item.values.get(other, '–'))}" for other in others)
-            series.setdefault(label or "median", []).append(item)
-    figure = new_figure(8, 4.8)
+            series.setdefault(wrapped(label) or "median", []).append(item)
+    # Long entries (many other keys) go one per row, and the figure grows by the legend's lines.
+    long_entries = any("\n" in label for label in series)
+    legend_lines = sum(label.count("\n") + 1 for label in series) if long_entries else 0
+    figure = new_figure(8, 4.8 + LINE_IN * legend_lines)
     axes = figure.add_subplot()
     for label, items in series.items():
         items.sort(key=lambda item: _number(item.values[key]))
@@ -233,7 +249,7 @@ def parameter_figure(settings: List[Setting], keys: Sequence[str], key: str, win
     failed = sum(item.median is None for item in settings)
     note = f"{failed} failed setting{'s' if failed > 1 else ''} not drawn" if failed else ""
     titled(axes, f"Throughput against {short[key]}", _subtitle(window, note))
-    legend_outside(axes, ncols=2)
+    legend_outside(axes, ncols=1 if long_entries else 2)
     return figure
 
 

@@ -121,3 +121,32 @@ def test_a_later_report_removes_the_plots_it_no_longer_draws(sweep):
     assert [path.name for path in second.files if path.suffix == ".png"] == ["throughput.png"]
     assert sorted(path.name for path in sweep.glob("*.png")) == ["notes.png", "throughput.png"]
     assert not list(sweep.glob(".*partial"))
+
+
+def test_a_search_of_ten_keys_gets_labels_wrapped_inside_the_figure_and_no_layout_warning(tmp_path):
+    """One line of ten 'key=value' pairs is wider than the figure: matplotlib's layout then gives the
+    axes no room ("axes sizes collapsed to zero") and the plot is unreadable."""
+    import warnings
+
+    sweep = tmp_path / "sweep"
+    keys = [f"pipeline.option_number_{index}.setting" for index in range(10)]
+    for number in range(6):
+        make_job(sweep, number, [f"{key}={number + index}" for index, key in enumerate(keys)], 1000.0 + number)
+    results = read_results(sweep)
+    settings = read_settings(results)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the collapse is only a UserWarning
+        figures = [throughput_figure(settings, ""), parameter_figure(settings, results.swept_keys, keys[0], "")]
+        for figure in figures:
+            figure.canvas.draw()
+    bars = figures[0]
+    (axes,) = bars.axes
+    labels = axes.get_yticklabels()
+    assert all("\n" in label.get_text() for label in labels)
+    assert all(max(len(line) for line in label.get_text().splitlines()) <= 44 for label in labels)
+    inside = bars.bbox
+    for label in labels:
+        extent = label.get_window_extent()
+        assert extent.x0 >= inside.x0 and extent.x1 <= inside.x1
+    assert axes.get_window_extent().width > 0.3 * inside.width  # the bars keep most of the room
+    assert_legend_off_the_data(figures[1])
