@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -159,6 +160,13 @@ def cpu_share(window_s: float = 0.3) -> float:
     while time.perf_counter() - wall < window_s:
         pass
     return (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
+def as_a_terminals_job() -> None:
+    """`preexec_fn` of a child that stands for a job started from a terminal: SIGHUP at its default.
+    An ignored signal stays ignored across exec, so under `nohup` (or any runner that ignores
+    SIGHUP) the child would inherit that, and bwopt rightly keeps an ignored SIGHUP ignored."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def known_answer(met: bool, message: str, least_share: float = 0.85) -> None:

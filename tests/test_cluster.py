@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, compose_config, known_answer
+from conftest import REPO, as_a_terminals_job, compose_config, known_answer
 
 from bwopt.app import validate
 
@@ -36,6 +36,7 @@ def start_bwopt(tmp_path: Path, *overrides) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=as_a_terminals_job,
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, count_runs, known_answer, run_bwopt
+from conftest import REPO, as_a_terminals_job, count_runs, known_answer, run_bwopt
 
 pytestmark = pytest.mark.slow
 ENVIRONMENT = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
@@ -27,6 +27,7 @@ def start(tmp_path: Path, *overrides, env=None, group: bool = False) -> subproce
         text=True,
         env={**ENVIRONMENT, **(env or {})},
         start_new_session=group,
+        preexec_fn=as_a_terminals_job,
     )
 
 
