@@ -16,8 +16,10 @@ from bwopt.signals import STOP, STOP_SIGNALS, StopCheck
 
 @pytest.fixture
 def installed():
-    """bwopt's handlers on SIGINT, SIGTERM and SIGHUP for one test, pytest's put back after."""
+    """bwopt's handlers on SIGINT, SIGTERM and SIGHUP for one test, pytest's put back after. SIGHUP
+    starts at its default, as in a terminal: under `nohup` it is ignored, and stays so."""
     before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     STOP.reset()
     STOP.install()
     yield STOP
