@@ -162,6 +162,11 @@ def cpu_share(window_s: float = 0.3) -> float:
     return (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
+def experiment_presets():
+    """The names of conf/experiment/'s presets, sorted."""
+    return sorted(path.stem for path in (Path(config_dir()) / "experiment").glob("*.yaml"))
+
+
 def as_a_terminals_job() -> None:
     """`preexec_fn` of a child that stands for a job started from a terminal: SIGHUP at its default.
     An ignored signal stays ignored across exec, so under `nohup` (or any runner that ignores

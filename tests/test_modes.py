@@ -5,8 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from bwopt.app import config_dir
+from conftest import experiment_presets
 
 TINY = ["train.epochs=2", "train.warmup_steps=3"]
 
@@ -174,10 +173,6 @@ def test_worker_shards_of_the_input_are_disjoint_and_cover_the_split():
     counts = [np.bincount(part, minlength=10) for part in parts]
     assert len(parts[0]) + len(parts[1]) == len(sizes.train_indices)
     assert np.all(np.abs(counts[0] - counts[1]) <= 1)  # stratified shards
-
-
-def experiment_presets():
-    return sorted(path.stem for path in (Path(config_dir()) / "experiment").glob("*.yaml"))
 
 
 @pytest.mark.slow  # trains for seconds

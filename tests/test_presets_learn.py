@@ -18,7 +18,7 @@ here) is measured by its README sweep on seeds 0-4 instead.
 from pathlib import Path
 
 import pytest
-from conftest import compose_config
+from conftest import compose_config, experiment_presets
 from omegaconf import OmegaConf
 
 from bwopt.app import config_dir, validate
@@ -36,10 +36,6 @@ LEFT_OUT = {"scaling": "mirrored's workload; a replica count needs a process", "
 # Every preset learns to at least this (compression, digits: 0.96-0.98; the others 1.00); chance is
 # 0.10 for the ten classes of digits and synthetic, 0.50 for artificial's two.
 FLOOR = 0.9
-
-
-def presets():
-    return sorted(path.stem for path in (Path(config_dir()) / "experiment").glob("*.yaml"))
 
 
 def swept_settings(preset: str):
@@ -61,13 +57,13 @@ def jobs(preset: str):
 
 
 def test_every_preset_runs_every_seed_and_every_setting_here_unless_left_out_with_a_reason():
-    assert set(LEFT_OUT) <= set(presets())
+    assert set(LEFT_OUT) <= set(experiment_presets())
     assert jobs("prefetch") == [
         *[(seed, ["pipeline.prefetch=0"]) for seed in SEEDS],
         (0, ["pipeline.prefetch=1"]),
         (0, ["pipeline.prefetch=autotune"]),
     ]
-    for preset in set(presets()) - set(LEFT_OUT):
+    for preset in set(experiment_presets()) - set(LEFT_OUT):
         runs = jobs(preset)
         assert {seed for seed, _ in runs} == set(SEEDS), preset
         for key, values in swept_settings(preset):
@@ -75,7 +71,7 @@ def test_every_preset_runs_every_seed_and_every_setting_here_unless_left_out_wit
 
 
 @pytest.mark.slow  # every preset as it ships: 5-8 runs of 3-30 s each
-@pytest.mark.parametrize("preset", [preset for preset in presets() if preset not in LEFT_OUT])
+@pytest.mark.parametrize("preset", [preset for preset in experiment_presets() if preset not in LEFT_OUT])
 def test_the_preset_learns_the_same_whatever_the_setting_and_seed(run_experiment, preset):
     tolerance = validate(compose_config()).sweep.accuracy_tolerance
     accuracies = {}

@@ -5,11 +5,9 @@ import json
 import optuna
 import pytest
 import yaml
-from conftest import run_bwopt
+from conftest import experiment_presets, run_bwopt
 from mlflow import MlflowClient
 from optuna.trial import TrialState
-
-from bwopt.app import config_dir
 
 pytestmark = pytest.mark.slow
 TINY = ["train.epochs=1", "train.warmup_steps=2", "train.steps_per_epoch=6", "measure.memcpy_bandwidth=false"]
@@ -70,9 +68,7 @@ def test_a_three_trial_search_reports_its_best_overrides_and_resumes_from_storag
 
 
 def test_every_experiment_preset_runs_at_a_tiny_size_in_one_multirun(tmp_path):
-    from pathlib import Path
-
-    presets = sorted(path.stem for path in (Path(config_dir()) / "experiment").glob("*.yaml"))
+    presets = experiment_presets()
     tiny = [*TINY, "measure.ceiling_steps=10", "tracking=none", "hydra.launcher.max_parallel=2"]
     result = run_bwopt("-m", "experiment=glob(*)", *tiny, cwd=tmp_path)
     (sweep,) = sweep_dirs(tmp_path)
