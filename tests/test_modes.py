@@ -12,7 +12,7 @@ TINY = ["train.epochs=2", "train.warmup_steps=3"]
 
 @pytest.mark.slow  # trains for seconds
 def test_ceilings_efficiency_memory_and_recommendation_are_logged(run_experiment, mlflow_client):
-    summary = run_experiment(*TINY, "measure.ceilings=true", "measure.ceiling_steps=20")
+    summary = run_experiment(*TINY, "measure.ceilings=true")
     metrics = mlflow_client.get_run(summary.run_id).data.metrics
     for key in (
         "compute_ceiling_examples_per_s",
@@ -26,10 +26,11 @@ def test_ceilings_efficiency_memory_and_recommendation_are_logged(run_experiment
         assert metrics[key] > 0, key
     lower = min(metrics["compute_ceiling_examples_per_s"], metrics["input_ceiling_examples_per_s"])
     assert metrics["efficiency_pct"] == pytest.approx(100 * metrics["throughput_examples_per_s"] / lower)
-    # Training cannot beat the step alone; with both ceilings measured on the warm pipeline it
-    # should not beat the lower one by more than noise either.
-    assert metrics["compute_ceiling_examples_per_s"] > metrics["throughput_examples_per_s"]
-    assert metrics["efficiency_pct"] < 130
+    # Training cannot beat the step alone, nor the lower ceiling, by more than the noise the
+    # ceilings state (a step here is about a millisecond: one descheduling moves a block by 40 %).
+    compute_high = metrics["compute_ceiling_examples_per_s"] * (1 + metrics["compute_ceiling_spread"])
+    assert metrics["throughput_examples_per_s"] < compute_high * 1.1
+    assert metrics["efficiency_pct"] - metrics["efficiency_spread"] < 110
     assert metrics["memcpy_share_pct"] == pytest.approx(
         100 * metrics["throughput_mib_per_s"] / metrics["host_memcpy_mib_per_s"]
     )
