@@ -4,12 +4,15 @@ Only Hydra, OmegaConf and the schemas are imported here; TensorFlow and MLflow
 load inside the runner, after the config has been validated.
 """
 
+import atexit
+import os
 import sys
 from pathlib import Path
 from typing import Optional
 
 import hydra
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -82,6 +85,8 @@ def run_job(cfg: DictConfig) -> float:
         sys.exit(EXIT_UNAVAILABLE)
     except PeerLost as error:  # the task that went away is the cause (a local cluster's launcher names it)
         print(f"bwopt: {error}", file=sys.stderr)
+        if hydra.mode == RunMode.RUN:
+            exit_without_teardown(1)
         sys.exit(1)
     except ClusterError as error:
         print(f"bwopt: cluster failed: {error}", file=sys.stderr)
@@ -98,6 +103,17 @@ def run_job(cfg: DictConfig) -> float:
         )
         sys.exit(1)
     return summary.objective
+
+
+def exit_without_teardown(code: int) -> None:
+    """End a process whose TensorFlow cluster runtime lost a peer mid-operation, once its run has
+    ended with its records: exit handlers run (the stderr filter flushes), the interpreter's
+    teardown does not. Tearing down the runtime's half-finished objects printed Python's
+    "Exception ignored in ... WeakValueDictionary" traceback after the one-line reason."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
 
 
 def _unavailable_errors() -> tuple:
