@@ -13,6 +13,7 @@ input: the distributed training dataset iterated alone (the input ceiling);
 inference: forward passes of a freshly built model.
 """
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Sequence
 
@@ -141,7 +142,7 @@ def measure_ceilings(workload: "Workload", train_iterator, ready_iterator) -> Di
     With `train.steps_per_execution` N > 1 the compute ceiling times the N-step execution on an
     iterator over one cached batch (batches always ready), so it includes the in-graph fetch.
     """
-    from bwopt.measure import Ceilings, compute_ceiling, input_ceiling
+    from bwopt.measure import Ceilings, CpuClock, compute_ceiling, input_ceiling
     from bwopt.strategies import place_on_replica_devices
 
     config, steps = workload.config, workload.steps
@@ -153,19 +154,27 @@ def measure_ceilings(workload: "Workload", train_iterator, ready_iterator) -> Di
         step, argument, compute_steps = steps.train_step, on_devices, per_block
     else:
         step, argument, compute_steps = steps.train_execution, ready_iterator, max(2, per_block // per_execution)
-    compute_blocks, input_blocks, input_bytes_blocks = [], [], []
-    stop = [StopCheck()]  # a signal stops a block between two of its steps
+    compute_blocks, input_blocks, input_bytes_blocks, compute_cpu, input_cpu = [], [], [], [], []
+    stop = StopCheck()  # a signal stops a block between two of its steps
     for block in range(num_blocks):
         warmup = min(config.train.warmup_steps, compute_steps) if block == 0 else 0
-        compute_blocks.append(compute_ceiling(step, argument, compute_steps, warmup, batch * per_execution, stop))
+        clock = CpuClock(warmup, warmup + compute_steps - 1)
+        examples = batch * per_execution
+        compute_blocks.append(compute_ceiling(step, argument, compute_steps, warmup, examples, [stop, clock]))
+        compute_cpu.append(clock.cpu_s / (compute_steps * examples))
     for block in range(num_blocks):
         drain = batches_to_drain(config, per_block, first_block=block == 0)
+        clock = CpuClock(drain, drain + per_block - 1)
         examples_per_s, bytes_per_s = input_ceiling(
-            train_iterator, per_block, drain, batch, batch * workload.input_plan.bytes_per_example, stop
+            train_iterator, per_block, drain, batch, batch * workload.input_plan.bytes_per_example, [stop, clock]
         )
         input_blocks.append(examples_per_s)
         input_bytes_blocks.append(bytes_per_s)
-    return Ceilings.from_blocks(compute_blocks, input_blocks, input_bytes_blocks).metrics()
+        input_cpu.append(clock.cpu_s / (per_block * batch))
+    cores = len(os.sched_getaffinity(0))
+    return Ceilings.from_blocks(
+        compute_blocks, input_blocks, input_bytes_blocks, compute_cpu, input_cpu, cores=cores
+    ).metrics()
 
 
 def batches_to_drain(config, block_steps: int, first_block: bool) -> int:

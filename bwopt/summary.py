@@ -107,6 +107,9 @@ def advise(workload: "Workload", figures: TimingFigures, measurements: Dict[str,
         spread = efficiency_spread(ratio, measurements)
         if spread is not None:
             measurements["efficiency_spread"] = spread
+    cores = measurements.get("cores_ceiling_examples_per_s")
+    if cores:
+        measurements["cores_efficiency"] = figures.throughput_examples_per_s / cores
     config = workload.config
     pipeline = config.pipeline
     knobs = PipelineKnobs(
@@ -123,6 +126,7 @@ def advise(workload: "Workload", figures: TimingFigures, measurements: Dict[str,
         on_cpu=config.device.name == "cpu",
         compute_ceiling_examples_per_s=compute,
         input_ceiling_examples_per_s=input_,
+        cores_ceiling_examples_per_s=cores,
     )
 
 

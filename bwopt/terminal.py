@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from bwopt.loop import Hook, StepRecord
+from bwopt.measure.advice import cores_bound
 
 BAR_WIDTH = 20
 
@@ -208,6 +209,30 @@ def _spread(f, ceiling: str) -> str:
     return f" ± {f[key]:.1%}" if key in f else ""
 
 
+def _cores(f) -> str:
+    """The cores ceiling: what the cores sustain when every example costs the step's and the
+    pipeline's CPU time; named the limit when it is below both other ceilings and training is near it."""
+    if "cores_ceiling_examples_per_s" not in f:
+        return ""
+    limit, step, pipeline = (
+        f["cores_ceiling_examples_per_s"],
+        f["compute_cpu_ms_per_example"],
+        f["input_cpu_ms_per_example"],
+    )
+    cores = round(limit * (step + pipeline) / 1e3)
+    text = (
+        f"step {step:.4f} + input {pipeline:.4f} CPU-ms per example on {cores} cores: "
+        f"at most {limit:,.1f} examples/s together"
+    )
+    if "cores_efficiency" not in f:
+        return text
+    text += f"; training {f['cores_efficiency']:.0%} of it"
+    others = [f[key] for key in ("compute_ceiling_examples_per_s", "input_ceiling_examples_per_s") if key in f]
+    if cores_bound(f["cores_efficiency"] * limit, limit, others):
+        text += " (every core busy: less CPU per example or more cores, not more overlap)"
+    return text
+
+
 def _efficiency(f) -> str:
     """Above 100 % only with its spread and "within noise": training cannot beat its own ceiling."""
     if "efficiency" not in f:
@@ -284,6 +309,7 @@ MEASURED_ROWS = [
     ("input wait", _input_wait),
     ("verdict", _verdict),
     ("ceilings", _ceilings),
+    ("cores", _cores),
     ("efficiency", _efficiency),
     ("host memcpy", _memcpy),
     ("peak memory", _peak_memory),

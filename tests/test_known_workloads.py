@@ -367,3 +367,42 @@ def test_steps_per_execution_throughput_matches_the_loops_wall_clock():
     figures = timing_figures(timer, plan, examples_per_step=64, bytes_per_step=64 * 260)
     assert figures.num_timed_steps == 320
     assert figures.throughput_examples_per_s == pytest.approx(320 * 64 / (clock.ended - clock.started), rel=0.03)
+
+
+# Both sides CPU-bound on the same cores: 8 augmentation rounds per image and an MLP, all on the CPU.
+CORES_BOUND = [
+    "experiment=pipelines",
+    "pipeline=naive",
+    "data.num_examples=8192",
+    "train.epochs=2",
+    "measure.ceilings=true",
+    "measure.ceiling_steps=40",
+    "tracking=none",
+]
+
+
+@pytest.mark.slow  # two runs of about 15 s
+def test_training_on_the_cores_that_run_its_pipeline_reaches_the_cores_ceiling_and_no_more(run_experiment):
+    """The cores ceiling (cores / the step's and the pipeline's CPU time per example) against what
+    is known: a pipeline of one map thread keeps at most one core and a little busy, one of a thread
+    per core keeps them all busy, and training whose two sides both keep every core busy runs at
+    the cores ceiling, below the lower of the other two (measured here: 0.81-0.98 of it on this
+    shrunk preset, 0.93-1.01 on the whole one)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+
+    def cores_used(measured, side):  # CPU-seconds per second while that side's ceiling was timed
+        return measured[f"{side}_cpu_ms_per_example"] / 1e3 * measured[f"{side}_ceiling_examples_per_s"]
+
+    serial = run_experiment(*CORES_BOUND).measurements
+    assert 0.5 <= cores_used(serial, "input") <= 1.6  # measured 1.34: the map thread, batching, the consumer
+    parallel = run_experiment(*CORES_BOUND, "pipeline.vectorized_map=true", f"pipeline.map_parallelism={cores}")
+    figures, measured = parallel.figures, parallel.measurements
+    assert cores_used(measured, "input") <= 1.1 * cores  # no process uses more cores than it has
+    known_answer(cores_used(measured, "input") >= 0.75 * cores, f"input used {cores_used(measured, 'input'):.2f} cores")
+    ratio = figures.throughput_examples_per_s / measured["cores_ceiling_examples_per_s"]
+    known_answer(0.7 <= ratio <= 1.2, f"training ran at {ratio:.2f} of the cores ceiling")
+    if cores <= 2:  # with more cores the step is too fast for them to be its limit
+        below = measured["cores_ceiling_examples_per_s"] < measured["input_ceiling_examples_per_s"]
+        known_answer(below, "the cores ceiling was not below the input ceiling")

@@ -19,7 +19,7 @@ from bwopt.measure.advice import (
     recommend,
     relative_spread,
 )
-from bwopt.measure.ceilings import compute_ceiling, input_ceiling, read_on_host, wait_for_batch
+from bwopt.measure.ceilings import CpuClock, compute_ceiling, cores_ceiling, input_ceiling, read_on_host, wait_for_batch
 from bwopt.measure.host import (
     host_memcpy_bandwidth_bytes_per_s,
     peak_device_memory_bytes,
@@ -46,6 +46,8 @@ from bwopt.measure.timing import (
 
 __all__ = [
     "Ceilings",
+    "CpuClock",
+    "cores_ceiling",
     "HIGHLY_INPUT_BOUND",
     "HOST_OVERHEAD_BOUND",
     "HostReferences",

@@ -4,6 +4,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from bwopt.measure.ceilings import cores_ceiling
 from bwopt.measure.timing import BOTH_BOUND, TimingFigures
 
 
@@ -20,6 +21,9 @@ class Ceilings:
         input_examples_per_s: the distributed dataset alone, iterated without training.
         input_bytes_per_s: the same, in bytes as transferred (features plus labels).
         compute_spread, input_spread: relative half range over the blocks (0 with one block).
+        compute_cpu_s_per_example, input_cpu_s_per_example: the process's CPU time per example
+            over each side's timed blocks (median over the blocks; `bwopt.measure.ceilings.CpuClock`).
+        cores: the cores this process may run on; with both CPU costs, the cores ceiling.
     """
 
     compute_examples_per_s: Optional[float] = None
@@ -27,19 +31,39 @@ class Ceilings:
     input_bytes_per_s: Optional[float] = None
     compute_spread: Optional[float] = None
     input_spread: Optional[float] = None
+    compute_cpu_s_per_example: Optional[float] = None
+    input_cpu_s_per_example: Optional[float] = None
+    cores: Optional[int] = None
 
     @classmethod
     def from_blocks(
-        cls, compute_blocks: Sequence[float], input_blocks: Sequence[float], input_bytes_blocks: Sequence[float]
+        cls,
+        compute_blocks: Sequence[float],
+        input_blocks: Sequence[float],
+        input_bytes_blocks: Sequence[float],
+        compute_cpu_blocks: Sequence[float] = (),
+        input_cpu_blocks: Sequence[float] = (),
+        cores: Optional[int] = None,
     ) -> "Ceilings":
-        """Medians and spreads of per-block examples/s (and the input's bytes/s)."""
+        """Medians and spreads of per-block examples/s (and the input's bytes/s, and each side's
+        CPU-seconds per example when measured)."""
         return cls(
             compute_examples_per_s=statistics.median(compute_blocks),
             input_examples_per_s=statistics.median(input_blocks),
             input_bytes_per_s=statistics.median(input_bytes_blocks),
             compute_spread=relative_spread(compute_blocks),
             input_spread=relative_spread(input_blocks),
+            compute_cpu_s_per_example=statistics.median(compute_cpu_blocks) if compute_cpu_blocks else None,
+            input_cpu_s_per_example=statistics.median(input_cpu_blocks) if input_cpu_blocks else None,
+            cores=cores,
         )
+
+    @property
+    def cores_examples_per_s(self) -> Optional[float]:
+        """The cores ceiling (`bwopt.measure.ceilings.cores_ceiling`); None unless both CPU costs were measured."""
+        if None in (self.cores, self.compute_cpu_s_per_example, self.input_cpu_s_per_example):
+            return None
+        return cores_ceiling(self.cores, self.compute_cpu_s_per_example, self.input_cpu_s_per_example)
 
     def metrics(self) -> Dict[str, float]:
         """The measured ceilings as MLflow metrics, e.g. `compute_ceiling_examples_per_s`."""
@@ -49,8 +73,15 @@ class Ceilings:
             "input_ceiling_bytes_per_s": self.input_bytes_per_s,
             "compute_ceiling_spread": self.compute_spread,
             "input_ceiling_spread": self.input_spread,
+            "compute_cpu_ms_per_example": milliseconds(self.compute_cpu_s_per_example),
+            "input_cpu_ms_per_example": milliseconds(self.input_cpu_s_per_example),
+            "cores_ceiling_examples_per_s": self.cores_examples_per_s,
         }
         return {key: value for key, value in named.items() if value is not None}
+
+
+def milliseconds(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else seconds * 1e3
 
 
 def relative_spread(values: Sequence[float]) -> float:
@@ -135,6 +166,7 @@ def recommend(
     on_cpu: bool = False,
     compute_ceiling_examples_per_s: Optional[float] = None,
     input_ceiling_examples_per_s: Optional[float] = None,
+    cores_ceiling_examples_per_s: Optional[float] = None,
 ) -> str:
     """One or two sentences on what limits the run and which knob to turn next.
 
@@ -142,7 +174,8 @@ def recommend(
     Input-bound runs name the pipeline settings that are off; host-overhead-bound runs get
     `train.steps_per_execution`; runs bound by both get both cures, the larger share's first;
     compute-bound runs get the compute-side knobs. The ceilings,
-    when measured, are quoted next to the throughput.
+    when measured, are quoted next to the throughput. An input-bound run at 90 % or more of a cores
+    ceiling below both others keeps every core busy: it is told to spend less CPU per example.
     """
     verdict = figures.verdict or (
         "compute-bound" if figures.input_bound_verdict == "not input-bound" else figures.input_bound_verdict
@@ -159,6 +192,7 @@ def recommend(
             f"{figures.host_overhead_fraction * 100:.0f} % of step time"
         )
     diagnosis = f"{verdict}: {wait} at {rate}"
+    rate_ceilings = [c for c in (compute_ceiling_examples_per_s, input_ceiling_examples_per_s) if c]
     if verdict.startswith("mixed"):
         diagnosis = f"{verdict} at {rate}"
         tries = [step for share, step in sorted(_cures(figures, knobs), reverse=True) if share >= 0.05]
@@ -176,10 +210,26 @@ def recommend(
     if verdict == "compute-bound":
         precision = "mixed_bfloat16" if on_cpu else "mixed_float16 / mixed_bfloat16"
         return f"{diagnosis}. Try strategy=mirrored, a larger train.global_batch_size, or device.precision={precision}"
+    if cores_bound(figures.throughput_examples_per_s, cores_ceiling_examples_per_s, rate_ceilings):
+        share = figures.throughput_examples_per_s / cores_ceiling_examples_per_s
+        return (
+            f"{diagnosis}. Every core is busy: training runs at {share:.0%} of the cores ceiling "
+            f"({cores_ceiling_examples_per_s:,.0f} examples/s, the step's and the pipeline's CPU time per "
+            "example together), so more parallelism or prefetch cannot help: spend less CPU per example "
+            "(pipeline.cache where the work is deterministic, pipeline.vectorized_map=true, cheaper maps) "
+            "or add cores"
+        )
     off = pipeline_knobs_off(knobs)
     if off:
         return f"{diagnosis}. {', '.join(off)}; try pipeline=tuned"
     return f"{diagnosis}. The pipeline knobs are on: make the host work per example cheaper, or send fewer bytes"
+
+
+def cores_bound(throughput: float, cores_ceiling: Optional[float], other_ceilings: Sequence[float]) -> bool:
+    """Whether the cores are the limit: their ceiling below every other one and training at 90 % of it or more."""
+    if not cores_ceiling or not other_ceilings:
+        return False
+    return cores_ceiling < min(other_ceilings) and throughput >= 0.9 * cores_ceiling
 
 
 def _host_cure(figures: TimingFigures) -> str:

@@ -4,15 +4,47 @@ Training cannot run faster than either part on its own, so the lower ceiling is 
 overlap of input and compute would reach (see `bwopt.measure.efficiency`). Both ceilings time
 `num_steps` steps back to back on the host's monotonic clock after `warmup_steps` untimed ones
 (tracing, autotuning, buffer fill), and divide the examples of the timed steps by their wall time.
+
+On a host whose cores run both the step and the pipeline (training on the CPU), a third bound
+holds: the cores ceiling, cores / (CPU-seconds per example of the step + of the pipeline), each
+read as process CPU time over the timed steps of its own ceiling (`CpuClock`). Training that keeps
+every core busy reaches it and no more, however well input and compute overlap.
 """
 
 import itertools
+import time
 from typing import Callable, Iterable, Sequence, Tuple
 
 import numpy as np
 
 from bwopt.loop import Hook, timed_loop
 from bwopt.measure.timing import StepPlan, StepTimer, timing_figures
+
+
+class CpuClock(Hook):
+    """The process's CPU time, every thread's (the step's, the pipeline's), from the start of step
+    `first` to the end of step `last` of a loop: `cpu_s`, None until step `last` has ended."""
+
+    follows_extra_steps = True
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last = first, last
+        self.started: float = 0.0
+        self.cpu_s = None
+
+    def on_step_begin(self, step: int) -> None:
+        if step == self.first:
+            self.started = time.process_time()
+
+    def on_step_end(self, step: int, record) -> None:
+        if step == self.last:
+            self.cpu_s = time.process_time() - self.started
+
+
+def cores_ceiling(cores: int, compute_cpu_s_per_example: float, input_cpu_s_per_example: float) -> float:
+    """Examples/s that `cores` cores sustain when every example costs the step's and the pipeline's
+    CPU time together: cores / (compute + input CPU-seconds per example)."""
+    return cores / max(compute_cpu_s_per_example + input_cpu_s_per_example, 1e-12)
 
 
 def compute_ceiling(

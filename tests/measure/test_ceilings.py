@@ -8,12 +8,14 @@ measured on this 2-core machine at 0.77-0.94x for the input ceiling and 0.86-0.8
 compute ceiling. 0.6x (16.7 ms a step) leaves room for scheduler delays on a loaded machine.
 """
 
+import itertools
 import time
 
 import numpy as np
 import pytest
 
-from bwopt.measure.ceilings import compute_ceiling, input_ceiling
+from bwopt.loop import timed_loop
+from bwopt.measure.ceilings import CpuClock, compute_ceiling, input_ceiling
 
 BATCH = 32
 FEATURES = 8
@@ -113,3 +115,18 @@ def test_compute_ceiling_of_a_cheap_step_is_not_held_back_by_a_slow_pipeline():
     # It was the real train step: 55 SGD updates moved the weights.
     weights_after = [np.array(weight) for weight in model.trainable_variables]
     assert any(not np.allclose(before, after) for before, after in zip(weights_before, weights_after))
+
+
+def test_the_cpu_clock_reads_the_cpu_time_steps_spend_and_not_the_time_they_sleep():
+    def spin(_):  # 10 ms of this thread's CPU time, however busy the machine is
+        until = time.thread_time() + SLEEP_S
+        while time.thread_time() < until:
+            pass
+
+    spinning, sleeping = CpuClock(2, 11), CpuClock(2, 11)  # steps 2-11 of 12: ten steps
+    timed_loop(itertools.repeat(None), spin, 1, 12, [spinning])
+    timed_loop(itertools.repeat(None), lambda _: time.sleep(SLEEP_S), 1, 12, [sleeping])
+    # At least the spin's own CPU time; other threads of this process (a test's leftover tf.data
+    # iterator) can only add to it.
+    assert 10 * SLEEP_S <= spinning.cpu_s <= 20 * SLEEP_S
+    assert sleeping.cpu_s < 3 * SLEEP_S

@@ -132,6 +132,39 @@ def test_recommendation_for_an_input_bound_run_names_the_knobs_that_are_off():
     assert "files are read one at a time, nothing is cached, features cross as float32" in text
 
 
+def test_an_input_bound_run_at_its_cores_ceiling_is_told_to_spend_less_cpu_not_to_overlap_more():
+    figures = figures_with_input_wait(0.0043, 0.0057)  # 3,200 examples/s
+    knobs = PipelineKnobs(prefetch=0, map_parallelism=1, cache="off", transfer_dtype="float32")
+    text = recommend(
+        figures,
+        knobs,
+        compute_ceiling_examples_per_s=6000.0,
+        input_ceiling_examples_per_s=3500.0,
+        cores_ceiling_examples_per_s=3300.0,
+    )
+    assert "Every core is busy: training runs at 97% of the cores ceiling (3,300 examples/s" in text
+    assert "spend less CPU per example" in text and "try pipeline=tuned" not in text
+    # A cores ceiling above another ceiling, or one training is far from, is not the limit.
+    for cores in (4000.0, 4500.0):
+        text = recommend(
+            figures,
+            knobs,
+            compute_ceiling_examples_per_s=6000.0,
+            input_ceiling_examples_per_s=3500.0,
+            cores_ceiling_examples_per_s=cores,
+        )
+        assert "Every core is busy" not in text and "try pipeline=tuned" in text
+
+
+def test_the_cores_ceiling_is_the_cores_over_both_sides_cpu_per_example():
+    ceilings = Ceilings.from_blocks([100.0], [50.0], [5.0], [0.002, 0.004, 0.003], [0.010, 0.012], cores=2)
+    metrics = ceilings.metrics()
+    assert metrics["compute_cpu_ms_per_example"] == pytest.approx(3.0)
+    assert metrics["input_cpu_ms_per_example"] == pytest.approx(11.0)
+    assert metrics["cores_ceiling_examples_per_s"] == pytest.approx(2 / 0.014)
+    assert "cores_ceiling_examples_per_s" not in Ceilings.from_blocks([100.0], [50.0], [5.0]).metrics()
+
+
 def test_recommendation_when_the_pipeline_is_already_tuned():
     text = recommend(
         figures_with_input_wait(0.005, 0.005),
