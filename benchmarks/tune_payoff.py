@@ -15,7 +15,9 @@
    - pipeline=tuned: the preset of every classic optimisation;
    - search: the search's best (with --search).
    Printed: each side's throughput, tune's per-round ratio to each other side (median, 95 %
-   interval of the median, min-max) against its target, and tune's throughput ÷ min(ceilings).
+   interval of the median, min-max) against its target, tune's throughput ÷ min(ceilings), and
+   each side's throughput ÷ its cores ceiling (what the step and the pipeline reach together on
+   the cores they share).
 
 Targets (issue of record: tune): tune ÷ start ≥ 1, tune ≥ 0.9 of min(ceilings), tune ≥ 1.2 × autotune
 everything (where caching or placement matters), tune ≥ pipeline=tuned, tune ≥ search's best.
@@ -135,6 +137,12 @@ def report(summaries) -> None:
     of_ceiling = [s.measurements["efficiency"] for s in summaries["tune"]]
     note = f"target >= {TARGET_OF_CEILING:g}: {verdict(of_ceiling, TARGET_OF_CEILING)}"
     print(f"ratio tune throughput / min(ceilings): {spread(of_ceiling, '.2f')}  {note}")
+    # Where the step and the pipeline share the cores, what they reach together (bwopt.measure.ceilings).
+    for name, runs in summaries.items():
+        of_cores = [s.measurements["cores_efficiency"] for s in runs if "cores_efficiency" in s.measurements]
+        if of_cores:
+            cores = [s.measurements["cores_ceiling_examples_per_s"] for s in runs]
+            print(f"  {name:<20} / cores ceiling {spread(of_cores, '.2f')}  (cores ceiling {spread(cores, ',.0f')})")
 
 
 if __name__ == "__main__":
