@@ -216,8 +216,8 @@ def _cores(f) -> str:
         return ""
     limit, step, pipeline = (
         f["cores_ceiling_examples_per_s"],
-        f["compute_cpu_ms_per_example"],
-        f["input_cpu_ms_per_example"],
+        f["compute_cpu_s_per_example"] * 1e3,
+        f["input_cpu_s_per_example"] * 1e3,
     )
     cores = round(limit * (step + pipeline) / 1e3)
     text = (

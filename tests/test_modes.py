@@ -1,6 +1,7 @@
 """The runner's measurement modes and input paths, end to end with real TensorFlow and MLflow."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,16 @@ def test_ceilings_efficiency_memory_and_recommendation_are_logged(run_experiment
         "host_memcpy_mib_per_s",
         "memcpy_share_pct",
         "peak_host_rss_mib",
+        "compute_cpu_ms_per_example",
+        "input_cpu_ms_per_example",
+        "cores_ceiling_examples_per_s",
     ):
         assert metrics[key] > 0, key
+    cpu_s = (metrics["compute_cpu_ms_per_example"] + metrics["input_cpu_ms_per_example"]) / 1e3
+    assert metrics["cores_ceiling_examples_per_s"] == pytest.approx(len(os.sched_getaffinity(0)) / cpu_s, rel=1e-3)
+    assert metrics["cores_efficiency_pct"] == pytest.approx(
+        100 * metrics["throughput_examples_per_s"] / metrics["cores_ceiling_examples_per_s"]
+    )
     lower = min(metrics["compute_ceiling_examples_per_s"], metrics["input_ceiling_examples_per_s"])
     assert metrics["efficiency_pct"] == pytest.approx(100 * metrics["throughput_examples_per_s"] / lower)
     # Training cannot beat the step alone, nor the lower ceiling, by more than the noise the

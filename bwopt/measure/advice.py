@@ -73,15 +73,11 @@ class Ceilings:
             "input_ceiling_bytes_per_s": self.input_bytes_per_s,
             "compute_ceiling_spread": self.compute_spread,
             "input_ceiling_spread": self.input_spread,
-            "compute_cpu_ms_per_example": milliseconds(self.compute_cpu_s_per_example),
-            "input_cpu_ms_per_example": milliseconds(self.input_cpu_s_per_example),
+            "compute_cpu_s_per_example": self.compute_cpu_s_per_example,
+            "input_cpu_s_per_example": self.input_cpu_s_per_example,
             "cores_ceiling_examples_per_s": self.cores_examples_per_s,
         }
         return {key: value for key, value in named.items() if value is not None}
-
-
-def milliseconds(seconds: Optional[float]) -> Optional[float]:
-    return None if seconds is None else seconds * 1e3
 
 
 def relative_spread(values: Sequence[float]) -> float:

@@ -80,8 +80,10 @@ def readable_metrics(figures: Dict[str, float]) -> Dict[str, float]:
 
 def readable_name(key: str) -> tuple:
     """(the metric's name, the factor from the figure's unit to the name's)."""
-    if key == "efficiency":
-        return "efficiency_pct", 100.0
+    if key in ("efficiency", "cores_efficiency"):
+        return f"{key}_pct", 100.0
+    if key.endswith("_cpu_s_per_example"):
+        return key.replace("_cpu_s_", "_cpu_ms_"), 1e3
     if key.endswith("_s") and not key.endswith("_per_s") and any(part in key for part in MILLISECOND_FIGURES):
         return key[: -len("_s")] + "_ms", 1e3
     for suffix, readable, factor in READABLE_UNITS:

@@ -159,8 +159,8 @@ def test_an_input_bound_run_at_its_cores_ceiling_is_told_to_spend_less_cpu_not_t
 def test_the_cores_ceiling_is_the_cores_over_both_sides_cpu_per_example():
     ceilings = Ceilings.from_blocks([100.0], [50.0], [5.0], [0.002, 0.004, 0.003], [0.010, 0.012], cores=2)
     metrics = ceilings.metrics()
-    assert metrics["compute_cpu_ms_per_example"] == pytest.approx(3.0)
-    assert metrics["input_cpu_ms_per_example"] == pytest.approx(11.0)
+    assert metrics["compute_cpu_s_per_example"] == pytest.approx(0.003)
+    assert metrics["input_cpu_s_per_example"] == pytest.approx(0.011)
     assert metrics["cores_ceiling_examples_per_s"] == pytest.approx(2 / 0.014)
     assert "cores_ceiling_examples_per_s" not in Ceilings.from_blocks([100.0], [50.0], [5.0]).metrics()
 
