@@ -31,7 +31,8 @@ class Trial:
         reason: why it was proposed, with numbers.
         overrides: tune's own overrides it ran with (key -> value), on top of the workload's.
         throughput, ci95: examples/s and its 95 % interval (None when the job failed).
-        compute_ceiling, input_ceiling: examples/s (None when not measured).
+        compute_ceiling, input_ceiling, cores_ceiling: examples/s (None when not measured; the
+            cores ceiling is what the step and the pipeline sustain together on the cores they share).
         step_partition: part -> share of step time.
         val_accuracy: the final validation accuracy.
         wall_s, cpu_s: the job's process, start to end.
@@ -48,6 +49,7 @@ class Trial:
     ci95: Optional[List[float]] = None
     compute_ceiling: Optional[float] = None
     input_ceiling: Optional[float] = None
+    cores_ceiling: Optional[float] = None
     step_partition: Dict[str, float] = field(default_factory=dict)
     val_accuracy: Optional[float] = None
     wall_s: float = 0.0
@@ -61,15 +63,23 @@ class Trial:
         return self.throughput is None
 
     @property
+    def ceilings(self) -> Dict[str, float]:
+        """The measured ceilings by name ("input ceiling", ...), lowest first."""
+        named = {
+            "input ceiling": self.input_ceiling,
+            "compute ceiling": self.compute_ceiling,
+            "cores ceiling": self.cores_ceiling,
+        }
+        return dict(sorted(((name, value) for name, value in named.items() if value), key=lambda item: item[1]))
+
+    @property
     def ceiling(self) -> Optional[float]:
-        ceilings = [value for value in (self.compute_ceiling, self.input_ceiling) if value]
-        return min(ceilings) if ceilings else None
+        """The lowest measured ceiling: what this trial's settings can reach at most."""
+        return next(iter(self.ceilings.values()), None)
 
     @property
     def ceiling_name(self) -> str:
-        if self.input_ceiling and (not self.compute_ceiling or self.input_ceiling <= self.compute_ceiling):
-            return "input ceiling"
-        return "compute ceiling"
+        return next(iter(self.ceilings), "compute ceiling")
 
     @property
     def of_ceiling(self) -> Optional[float]:
@@ -92,6 +102,7 @@ def read_trial(folder: Path, trial: Trial) -> Trial:
     trial.throughput, trial.ci95 = job.throughput, job.throughput_ci95
     trial.compute_ceiling = measurements.get("compute_ceiling_examples_per_s")
     trial.input_ceiling = measurements.get("input_ceiling_examples_per_s")
+    trial.cores_ceiling = measurements.get("cores_ceiling_examples_per_s")
     trial.step_partition = figures.get("step_partition") or {}
     trial.val_accuracy = job.val_accuracy
     return trial
@@ -179,7 +190,7 @@ def write_tuned(path: Path, base: Sequence[str], overrides: Dict[str, str]) -> P
 
 def plot_path(trials: Sequence[Trial], path: Path) -> Path:
     """Throughput per trial with its interval (kept trials joined: the incumbent's path) against the
-    compute and input ceilings each trial measured; the axis starts at 0."""
+    compute, input and cores ceilings each trial measured; the axis starts at 0."""
     from bwopt.run_plots import legend_outside, new_figure, save_figure, titled
 
     figure = new_figure(7.5, 4.5)
@@ -203,7 +214,8 @@ def plot_path(trials: Sequence[Trial], path: Path) -> Path:
             path_trials.append((trial.number, incumbent.throughput))
     if path_trials:
         axes.step(*zip(*path_trials), where="post", color="tab:blue", label="incumbent (kept trials)")
-    for name, color in (("compute_ceiling", "tab:red"), ("input_ceiling", "tab:green")):
+    lines = (("compute_ceiling", "tab:red"), ("input_ceiling", "tab:green"), ("cores_ceiling", "tab:purple"))
+    for name, color in lines:
         points = [(trial.number, getattr(trial, name)) for trial in trials if getattr(trial, name)]
         if points:
             axes.plot(*zip(*points), linestyle="--", marker=".", color=color, label=name.replace("_", " "))

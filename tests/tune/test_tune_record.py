@@ -11,3 +11,16 @@ def test_the_path_plots_a_one_block_interval_a_rounding_step_above_its_throughpu
     measured = Trial(2, "vectorize", "…", {"pipeline.vectorized_map": "true"}, 5000.0, [4000.0, 6000.0], 9000.0, 7000.0)
     path = plot_path([start, reverted, measured], tmp_path / "tune_path.png")
     assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_trial_is_measured_against_its_lowest_ceiling_the_cores_one_included():
+    from bwopt.sweep.tune_record import closing_line, table
+
+    start = Trial(0, "start", "the workload as given", {}, 5000.0, [4900.0, 5100.0], 100_000.0, 6000.0, kept=True)
+    shared = Trial(1, "vectorize", "…", {"pipeline.vectorized_map": "true"}, 22_000.0, [21_000.0, 23_000.0])
+    shared.compute_ceiling, shared.input_ceiling, shared.cores_ceiling = 100_000.0, 29_000.0, 24_000.0
+    shared.kept = True
+    assert (start.ceiling_name, start.ceiling) == ("input ceiling", 6000.0)  # no cores ceiling measured
+    assert (shared.ceiling_name, shared.ceiling) == ("cores ceiling", 24_000.0)
+    assert "0.92 (cores ceiling)" in table([start, shared])
+    assert ", 0.92 of the cores ceiling, 2 runs" in closing_line(start, shared, 2, 60.0)
