@@ -38,6 +38,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from bwopt.measure.advice import cores_bound
 from bwopt.schema import SweepConfig
 from bwopt.sweep.sweeper import prepare_sweep
 from bwopt.sweep.tune_decide import ALLOWED_CHANGES, Budget, Profile, Stage
@@ -58,6 +59,8 @@ from bwopt.sweep.tune_record import (
 log = logging.getLogger(__name__)
 
 MEASURING = ["measure.ceilings=true"]
+# Proposals that only add overlap or threads: with every core busy they cannot make a run faster.
+CONCURRENCY = ("parallelize", "prefetch")
 NOT_PASSED_ON = ("tune", "hparams_search", "measure.ceilings")  # the sweep's own choices
 
 
@@ -187,6 +190,7 @@ class PipelineTuner(Sweeper):
         self.sweep_dir = Path(".")
         self.probe_file = self.sweep_dir / "tune_probe_start.json"
         self.trials: List[Trial] = []
+        self.skipped: List[str] = []
         # `tune=NAME` goes to every trial (as `hparams_search=` does to the search's): a job composes
         # the command line's hydra.sweeper.* overrides, which only this sweeper's schema has.
         self.selection: List[str] = []
@@ -231,6 +235,12 @@ class PipelineTuner(Sweeper):
                 stop = f"reached {self.settings.target_fraction:g} of the compute ceiling"
                 break
             proposal = next_proposal(kept, rejected)
+            while proposal is not None and busy_cores_reason(proposal.name, incumbent):
+                reason = busy_cores_reason(proposal.name, incumbent)
+                log.info(f"not tried: {proposal.name} {proposal.overrides}: {reason}")
+                self.skipped.append(f"{proposal.name} ({reason})")
+                rejected.append(proposal.name)
+                proposal = next_proposal(kept, rejected)
             if not self.trials[-1].kept:
                 log.info(f"re-planned without {', '.join(rejected)}: next {proposal.name if proposal else 'nothing'}")
             if proposal is None:
@@ -319,6 +329,7 @@ class PipelineTuner(Sweeper):
                 f"Stopped: {stop}. Tuned overrides (`tuned.yaml`): `{' '.join(final.overrides_text())}`",
                 table(self.trials),
                 f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
+                *([f"Not tried: {'; '.join(self.skipped)}"] if self.skipped else []),
             ]
         )
         if self.probe_file.is_file():  # what the plan was made from
@@ -350,3 +361,18 @@ class PipelineTuner(Sweeper):
         if final.of_ceiling:
             metrics["tune_fraction_of_ceiling"] = final.of_ceiling
         parent.log_figures(metrics, {})
+
+
+def busy_cores_reason(proposal_name: str, incumbent: Trial) -> Optional[str]:
+    """Why a proposal that only adds threads or overlap is not tried on `incumbent`: every core is
+    busy (at 90 % or more of its cores ceiling, below the other ceilings); None when it may help."""
+    others = [value for value in (incumbent.compute_ceiling, incumbent.input_ceiling) if value]
+    if proposal_name not in CONCURRENCY or not incumbent.throughput:
+        return None
+    if not cores_bound(incumbent.throughput, incumbent.cores_ceiling, others):
+        return None
+    return (
+        f"every core busy: trial {incumbent.number} runs at {incumbent.throughput / incumbent.cores_ceiling:.2f} "
+        f"of its cores ceiling ({incumbent.cores_ceiling:,.0f} examples/s), so more threads or overlap "
+        "cannot make it faster"
+    )

@@ -24,3 +24,21 @@ def test_a_trial_is_measured_against_its_lowest_ceiling_the_cores_one_included()
     assert (shared.ceiling_name, shared.ceiling) == ("cores ceiling", 24_000.0)
     assert "0.92 (cores ceiling)" in table([start, shared])
     assert ", 0.92 of the cores ceiling, 2 runs" in closing_line(start, shared, 2, 60.0)
+
+
+def test_with_every_core_busy_tune_does_not_try_more_threads_or_overlap_but_still_tries_less_cpu():
+    from bwopt.sweep.tune import busy_cores_reason
+
+    busy = Trial(1, "parallelize", "…", {}, 22_000.0, [21_000.0, 23_000.0], 100_000.0, 29_000.0)
+    busy.cores_ceiling = 24_000.0  # 0.92 of it, below the input and compute ceilings
+    reason = busy_cores_reason("prefetch", busy)
+    assert reason.startswith("every core busy: trial 1 runs at 0.92 of its cores ceiling (24,000 examples/s)")
+    assert busy_cores_reason("parallelize", busy)
+    for less_cpu in ("cache", "vectorize", "transfer uint8", "amortise host"):
+        assert busy_cores_reason(less_cpu, busy) is None
+    idle = Trial(1, "vectorize", "…", {}, 12_000.0, [11_000.0, 13_000.0], 100_000.0, 29_000.0)
+    idle.cores_ceiling = 24_000.0  # half of it: threads may help
+    assert busy_cores_reason("prefetch", idle) is None
+    above = Trial(1, "vectorize", "…", {}, 5_000.0, [4_900.0, 5_100.0], 100_000.0, 5_200.0)
+    above.cores_ceiling = 7_000.0  # the input ceiling is the limit, not the cores
+    assert busy_cores_reason("parallelize", above) is None
