@@ -382,7 +382,7 @@ CORES_BOUND = [
 
 
 @pytest.mark.slow  # two runs of about 15 s
-def test_training_on_the_cores_that_run_its_pipeline_reaches_the_cores_ceiling_and_no_more(run_experiment):
+def test_training_on_the_cores_that_run_its_pipeline_runs_at_its_cores_ceiling(run_experiment):
     """The cores ceiling (cores / the step's and the pipeline's CPU time per example) against what
     is known: a pipeline of one map thread keeps at most one core and a little busy, one of a thread
     per core keeps them all busy, and training whose two sides both keep every core busy runs at
