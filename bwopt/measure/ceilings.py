@@ -9,8 +9,8 @@ On a host whose cores run both the step and the pipeline (training on the CPU), 
 holds: the cores ceiling, cores / (CPU-seconds per example of the step + of the pipeline), each
 read as process CPU time over the timed steps of its own ceiling (`CpuClock`). Training that keeps
 every core busy reaches it, however well input and compute overlap. It is an estimate: each side
-alone can take more CPU per example than the two together (threads that wait for work spin a
-while before they sleep), so training has measured up to 1.10 of it (0.93-1.10 on
+alone can take more CPU per example than the two together (probably the thread pools' threads,
+which spin a while for work before they sleep), so training has measured up to 1.10 of it (0.93-1.10 on
 `experiment=pipelines` with parallel maps on 2 cores).
 """
 
