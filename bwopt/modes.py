@@ -13,7 +13,6 @@ input: the distributed training dataset iterated alone (the input ceiling);
 inference: forward passes of a freshly built model.
 """
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Sequence
 
@@ -143,6 +142,7 @@ def measure_ceilings(workload: "Workload", train_iterator, ready_iterator) -> Di
     iterator over one cached batch (batches always ready), so it includes the in-graph fetch.
     """
     from bwopt.measure import Ceilings, CpuClock, compute_ceiling, input_ceiling
+    from bwopt.measure.host import available_cores
     from bwopt.strategies import place_on_replica_devices
 
     config, steps = workload.config, workload.steps
@@ -171,9 +171,8 @@ def measure_ceilings(workload: "Workload", train_iterator, ready_iterator) -> Di
         input_blocks.append(examples_per_s)
         input_bytes_blocks.append(bytes_per_s)
         input_cpu.append(clock.cpu_s / (per_block * batch))
-    cores = len(os.sched_getaffinity(0))
     return Ceilings.from_blocks(
-        compute_blocks, input_blocks, input_bytes_blocks, compute_cpu, input_cpu, cores=cores
+        compute_blocks, input_blocks, input_bytes_blocks, compute_cpu, input_cpu, cores=available_cores()
     ).metrics()
 
 

@@ -220,9 +220,9 @@ def _cores(f) -> str:
         f["compute_cpu_s_per_example"] * 1e3,
         f["input_cpu_s_per_example"] * 1e3,
     )
-    cores = round(limit * (step + pipeline) / 1e3)
+    cores = limit * (step + pipeline) / 1e3
     text = (
-        f"step {step:.4f} + input {pipeline:.4f} CPU-ms per example on {cores} cores: "
+        f"step {step:.4f} + input {pipeline:.4f} CPU-ms per example on {cores:.3g} cores: "
         f"about {limit:,.1f} examples/s together"
     )
     if "cores_efficiency" not in f:

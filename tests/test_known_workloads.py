@@ -388,16 +388,17 @@ def test_training_on_the_cores_that_run_its_pipeline_runs_at_its_cores_ceiling(r
     per core keeps them all busy, and training whose two sides both keep every core busy runs at
     the cores ceiling, below the lower of the other two (measured here: 0.81-0.98 of it on this
     shrunk preset, 0.93-1.01 on the whole one)."""
-    import os
+    from bwopt.measure.host import available_cores
 
-    cores = len(os.sched_getaffinity(0))
+    cores = available_cores()
 
     def cores_used(measured, side):  # CPU-seconds per second while that side's ceiling was timed
         return measured[f"{side}_cpu_s_per_example"] * measured[f"{side}_ceiling_examples_per_s"]
 
     serial = run_experiment(*CORES_BOUND).measurements
     assert 0.5 <= cores_used(serial, "input") <= 1.6  # measured 1.34: the map thread, batching, the consumer
-    parallel = run_experiment(*CORES_BOUND, "pipeline.vectorized_map=true", f"pipeline.map_parallelism={cores}")
+    threads = f"pipeline.map_parallelism={max(1, int(cores))}"
+    parallel = run_experiment(*CORES_BOUND, "pipeline.vectorized_map=true", threads)
     figures, measured = parallel.figures, parallel.measurements
     assert cores_used(measured, "input") <= 1.1 * cores  # no process uses more cores than it has
     known_answer(cores_used(measured, "input") >= 0.75 * cores, f"input used {cores_used(measured, 'input'):.2f} cores")

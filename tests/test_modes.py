@@ -1,12 +1,13 @@
 """The runner's measurement modes and input paths, end to end with real TensorFlow and MLflow."""
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import experiment_presets
+
+from bwopt.measure.host import available_cores
 
 TINY = ["train.epochs=2", "train.warmup_steps=3"]
 
@@ -29,7 +30,7 @@ def test_ceilings_efficiency_memory_and_recommendation_are_logged(run_experiment
     ):
         assert metrics[key] > 0, key
     cpu_s = (metrics["compute_cpu_ms_per_example"] + metrics["input_cpu_ms_per_example"]) / 1e3
-    assert metrics["cores_ceiling_examples_per_s"] == pytest.approx(len(os.sched_getaffinity(0)) / cpu_s, rel=1e-3)
+    assert metrics["cores_ceiling_examples_per_s"] == pytest.approx(available_cores() / cpu_s, rel=1e-3)
     assert metrics["cores_efficiency_pct"] == pytest.approx(
         100 * metrics["throughput_examples_per_s"] / metrics["cores_ceiling_examples_per_s"]
     )

@@ -23,7 +23,8 @@ class Ceilings:
         compute_spread, input_spread: relative half range over the blocks (0 with one block).
         compute_cpu_s_per_example, input_cpu_s_per_example: the process's CPU time per example
             over each side's timed blocks (median over the blocks; `bwopt.measure.ceilings.CpuClock`).
-        cores: the cores this process may run on; with both CPU costs, the cores ceiling.
+        cores: the cores this process may keep busy (`bwopt.measure.host.available_cores`); with both
+            CPU costs, the cores ceiling.
     """
 
     compute_examples_per_s: Optional[float] = None
@@ -33,7 +34,7 @@ class Ceilings:
     input_spread: Optional[float] = None
     compute_cpu_s_per_example: Optional[float] = None
     input_cpu_s_per_example: Optional[float] = None
-    cores: Optional[int] = None
+    cores: Optional[float] = None
 
     @classmethod
     def from_blocks(
@@ -43,7 +44,7 @@ class Ceilings:
         input_bytes_blocks: Sequence[float],
         compute_cpu_blocks: Sequence[float] = (),
         input_cpu_blocks: Sequence[float] = (),
-        cores: Optional[int] = None,
+        cores: Optional[float] = None,
     ) -> "Ceilings":
         """Medians and spreads of per-block examples/s (and the input's bytes/s, and each side's
         CPU-seconds per example when measured)."""

@@ -44,7 +44,7 @@ class CpuClock(Hook):
             self.cpu_s = time.process_time() - self.started
 
 
-def cores_ceiling(cores: int, compute_cpu_s_per_example: float, input_cpu_s_per_example: float) -> float:
+def cores_ceiling(cores: float, compute_cpu_s_per_example: float, input_cpu_s_per_example: float) -> float:
     """Examples/s that `cores` cores sustain when every example costs the step's and the pipeline's
     CPU time together: cores / (compute + input CPU-seconds per example)."""
     return cores / max(compute_cpu_s_per_example + input_cpu_s_per_example, 1e-12)

@@ -1,11 +1,35 @@
-"""Physical references measured in the run's own process: memcpy bandwidth and peak memory."""
+"""Physical references measured in the run's own process: memcpy bandwidth, peak memory, and the
+cores it may use."""
 
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
+
+
+def available_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float:
+    """The cores this process may keep busy: its CPU affinity, capped by a cgroup CPU quota (a
+    container's `--cpus`, a Kubernetes CPU limit), which affinity does not show. cgroup v2 reads
+    `cpu.max` ("QUOTA PERIOD" or "max PERIOD"), v1 `cpu/cpu.cfs_quota_us` and `cpu.cfs_period_us`
+    (-1: no quota). A quota of 1.5 cores gives 1.5."""
+    cores = float(len(os.sched_getaffinity(0)))
+    for quota_file, period_file in (
+        (cgroup_root / "cpu.max", None),
+        (cgroup_root / "cpu" / "cpu.cfs_quota_us", cgroup_root / "cpu" / "cpu.cfs_period_us"),
+    ):
+        try:
+            fields = quota_file.read_text().split()
+            if period_file is not None:
+                fields += period_file.read_text().split()
+            quota, period = float(fields[0]), float(fields[1])
+        except (OSError, ValueError, IndexError):  # absent, "max" (no quota), or unreadable
+            continue
+        if quota > 0 and period > 0:
+            return min(cores, quota / period)
+    return cores
 
 
 def host_memcpy_bandwidth_bytes_per_s(num_bytes: int = 64 * 2**20, repeats: int = 5) -> float:

@@ -39,6 +39,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from bwopt.measure.advice import cores_bound
+from bwopt.measure.host import available_cores
 from bwopt.schema import SweepConfig
 from bwopt.sweep.sweeper import prepare_sweep
 from bwopt.sweep.tune_decide import ALLOWED_CHANGES, Budget, Profile, Stage
@@ -220,7 +221,8 @@ class PipelineTuner(Sweeper):
         except TuneConfigError as error:
             print(f"bwopt: invalid config: {error}", file=sys.stderr)
             raise SystemExit(2) from None
-        budget = Budget(cores=len(os.sched_getaffinity(0)), memory_bytes=available_memory_bytes())
+        # whole cores: a thread runs on one at a time (a 1.5-core quota gives one thread per stage)
+        budget = Budget(cores=max(1, int(available_cores())), memory_bytes=available_memory_bytes())
         budget = Budget(budget.cores, budget.memory_bytes * self.settings.memory_share)
         start = self._run(base, Trial(0, "start", "the workload as given", {}))
         if start.failed:

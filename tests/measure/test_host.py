@@ -77,3 +77,26 @@ def test_peak_device_memory_grows_by_a_known_allocation(devices):
     peaks = peak_device_memory_bytes(["/device:CPU:0", gpu])
     assert set(peaks) == {gpu}  # CPU devices are skipped
     assert peaks[gpu] >= before + tensor.shape[0]
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        ({}, None),  # no cgroup files: the affinity
+        ({"cpu.max": "max 100000\n"}, None),  # v2 without a quota
+        ({"cpu.max": "150000 100000\n"}, 1.5),  # v2: a container limited to 1.5 CPUs
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1 without a quota
+        ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0.5),  # v1 quota
+        ({"cpu.max": "6400000 100000\n"}, None),  # a quota above the affinity: the affinity
+    ],
+)
+def test_available_cores_is_the_affinity_capped_by_a_cgroup_quota(tmp_path, files, expected):
+    import os
+
+    from bwopt.measure.host import available_cores
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    affinity = len(os.sched_getaffinity(0))
+    assert available_cores(tmp_path) == pytest.approx(min(expected or affinity, affinity))
