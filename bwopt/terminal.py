@@ -229,7 +229,7 @@ def _cores(f) -> str:
         return text
     text += f"; training {f['cores_efficiency']:.0%} of it"
     others = [f[key] for key in ("compute_ceiling_examples_per_s", "input_ceiling_examples_per_s") if key in f]
-    if cores_bound(f["cores_efficiency"] * limit, limit, others):
+    if cores_bound(f.get("throughput_examples_per_s", 0.0), limit, others):
         text += " (every core busy: less CPU per example or more cores, not more overlap)"
     return text
 

@@ -237,8 +237,7 @@ class PipelineTuner(Sweeper):
                 stop = f"reached {self.settings.target_fraction:g} of the compute ceiling"
                 break
             proposal = next_proposal(kept, rejected)
-            while proposal is not None and busy_cores_reason(proposal.name, incumbent):
-                reason = busy_cores_reason(proposal.name, incumbent)
+            while proposal is not None and (reason := busy_cores_reason(proposal.name, incumbent)):
                 log.info(f"not tried: {proposal.name} {proposal.overrides}: {reason}")
                 self.skipped.append(f"{proposal.name} ({reason})")
                 rejected.append(proposal.name)

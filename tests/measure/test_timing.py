@@ -339,3 +339,22 @@ def test_five_identical_default_runs_give_one_verdict(run_experiment):
     quiet = ["tracking=none", "measure.memcpy_bandwidth=false", "measure.progress=false", "measure.plots=false"]
     verdicts = [run_experiment(*quiet, f"measure.min_timed_s={window}").figures.verdict for _ in range(5)]
     known_answer(len({verdict.split(":")[0] for verdict in verdicts}) == 1, f"verdicts {verdicts}")
+
+
+def test_the_cores_row_names_both_cpu_costs_and_says_when_every_core_is_busy():
+    from bwopt.terminal import figures_table
+
+    figures = {
+        "compute_ceiling_examples_per_s": 100_000.0,
+        "input_ceiling_examples_per_s": 29_000.0,
+        "compute_cpu_s_per_example": 0.00002,
+        "input_cpu_s_per_example": 0.00006,
+        "cores_ceiling_examples_per_s": 25_000.0,  # 2 cores / 0.08 ms
+    }
+    for throughput, busy in ((24_000.0, True), (12_000.0, False)):
+        measured = {"throughput_examples_per_s": throughput, "cores_efficiency": throughput / 25e3}
+        table = figures_table({**figures, **measured})
+        row = " ".join(table.split("cores", 1)[1].split("efficiency")[0].split())
+        assert row.startswith("step 0.0200 + input 0.0600 CPU-ms per example on 2 cores: about 25,000.0 examples/s")
+        assert f"training {throughput / 25e3:.0%} of it" in row
+        assert ("every core busy" in row) == busy
