@@ -60,9 +60,17 @@ def block_bootstrap_sums(parts: np.ndarray, seed: int = 0) -> np.ndarray:
     return parts[indices % num_steps].sum(axis=1)
 
 
-def interval(values: np.ndarray) -> List[float]:
-    """[low, high]: the central 95 % of bootstrap values."""
+def interval(values: np.ndarray, estimate: Optional[float] = None) -> List[float]:
+    """[low, high]: the central 95 % of bootstrap values, widened to hold `estimate`.
+
+    A percentile interval need not hold its own figure: a share clipped at a bound (a stall that
+    sums below zero over the window moves into compute) sits at the edge of its resamples' spread,
+    and the 97.5th percentile can fall a hair below it. An interval that excludes the figure it
+    qualifies reads as a contradiction, so it is stretched to the figure.
+    """
     low, high = np.percentile(values, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2])
+    if estimate is not None:
+        low, high = min(low, estimate), max(high, estimate)
     return [float(low), float(high)]
 
 
@@ -108,12 +116,18 @@ def step_uncertainty(
     sums = block_bootstrap_sums(matrix)
     walls = sums[:, :num_parts].sum(axis=1)
     shares = clip_stall(sums[:, :num_parts]) / walls[:, None]
-    partition = {name: float(totals[index] / totals.sum()) for index, name in enumerate(PARTS)}
+    wall = float(totals.sum())
+    partition = {name: float(totals[index] / wall) for index, name in enumerate(PARTS)}
+    series_shares = matrix[:, num_parts:].sum(axis=0) / wall
+    examples = len(matrix) * examples_per_loop_step
     return StepUncertainty(
-        throughput_ci95=interval(len(matrix) * examples_per_loop_step / walls),
+        throughput_ci95=interval(examples / walls, examples / wall),
         partition=partition,
-        partition_ci95={name: interval(shares[:, index]) for index, name in enumerate(PARTS)},
-        series_ci95={name: interval(sums[:, num_parts + index] / walls) for index, name in enumerate(series)},
+        partition_ci95={name: interval(shares[:, index], partition[name]) for index, name in enumerate(PARTS)},
+        series_ci95={
+            name: interval(sums[:, num_parts + index] / walls, float(series_shares[index]))
+            for index, name in enumerate(series)
+        },
     )
 
 
