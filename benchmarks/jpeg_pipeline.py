@@ -24,10 +24,11 @@ per-round ratios with theirs. Target: bwopt fused / hand-written >= 0.98 (met, m
 noise of it, by the median's interval). No target for fused / decode-then-crop: it is what the
 optimisation buys on these small JPEGs (faster, slower or no difference detected).
 
-Run: `.venv/bin/python benchmarks/jpeg_pipeline.py` (about 70-100 s on 2 cores);
+Run: `.venv/bin/python benchmarks/jpeg_pipeline.py [--rounds N]` (7 rounds, about 70-100 s on 2 cores);
 `BWOPT_BENCHMARK_SMOKE=1` runs one short round (the smoke test).
 """
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -116,9 +117,12 @@ def examples_per_s(dataset) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="alternated rounds (the interval narrows as 1/sqrt)")
+    rounds = parser.parse_args().rounds
     print(
         f"jpeg_pipeline: mode=input, sample_images -> imagenet preprocessing -> {IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}, "
-        f"batch {BATCH}, {STEPS} timed batches, {ROUNDS} alternated rounds; {load_line()}",
+        f"batch {BATCH}, {STEPS} timed batches, {rounds} alternated rounds; {load_line()}",
         flush=True,
     )
     started_all = time.perf_counter()
@@ -135,8 +139,8 @@ def main() -> None:
             "bwopt decode-then-crop": bwopt_side(unfused),
             "hand-written": lambda: examples_per_s(hand_written_dataset(fused[0])),
         }
-        results = alternate(sides, ROUNDS)
-    print(f"{ROUNDS} rounds, {time.perf_counter() - started_all:.0f} s")
+        results = alternate(sides, rounds)
+    print(f"{rounds} rounds, {time.perf_counter() - started_all:.0f} s")
     for name, values in results.items():
         print(f"  {name:<24} examples/s {spread(values, ',.0f')}")
     per_round = ratios(results["bwopt fused"], results["hand-written"])
