@@ -28,6 +28,7 @@ class ResumeState:
     epochs_done: int
     input_wait_s: List[float] = field(default_factory=list)
     compute_s: List[float] = field(default_factory=list)
+    cpu_s: List[float] = field(default_factory=list)  # NaN where not read
     epoch_metrics: Dict[str, float] = field(default_factory=dict)
     overrides: List[str] = field(default_factory=list)
     config: Dict[str, str] = field(default_factory=dict)  # bwopt.tracking.flatten of the resolved config

@@ -1,7 +1,9 @@
 """The one timed loop, with hooks: training, `mode=input`, the ceilings and the benchmarks run it.
 
 Each step is timed in two parts on the host's monotonic clock (`time.perf_counter`): the input
-wait, blocked in `next(iterator)`, and the compute, from calling `step(batch)` until it returns.
+wait, blocked in `next(iterator)`, and the compute, from calling `step(batch)` until it returns;
+around both, the process's CPU time (`time.process_time`, every thread of the process: the step's
+ops and the input pipeline's), which says how many cores the step kept busy.
 `step` must not return before the work it dispatched has finished (read its results on the host),
 so that the compute time is the step's.
 
@@ -22,16 +24,19 @@ Keras's `CallbackList`.
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
 
 @dataclass
 class StepRecord:
-    """One step as the loop saw it: seconds blocked in `next()`, seconds in `step`, what it returned."""
+    """One step as the loop saw it: seconds blocked in `next()`, seconds in `step`, what it returned,
+    and the process's CPU seconds over the step (every thread's: the step's and the pipeline's;
+    None where the step ran in another process)."""
 
     input_wait_s: float
     compute_s: float
     results: Any = None
+    cpu_s: Optional[float] = None
 
 
 class Hook:
@@ -145,6 +150,7 @@ def extra_timed_steps(iterator: Iterator, step: Callable[[Any], Any], numbers: r
 def _timed_steps(iterator: Iterator, step: Callable[[Any], Any], numbers: range, hook: Hook):
     for number in numbers:
         hook.on_step_begin(number)
+        cpu_started = time.process_time()  # outside the timed part: a read costs about 0.6 us
         started = time.perf_counter()
         try:
             batch = next(iterator)
@@ -152,4 +158,6 @@ def _timed_steps(iterator: Iterator, step: Callable[[Any], Any], numbers: range,
             raise _Exhausted from end
         fetched = time.perf_counter()
         results = step(batch)
-        yield number, StepRecord(fetched - started, time.perf_counter() - fetched, results)
+        ended = time.perf_counter()
+        cpu_s = time.process_time() - cpu_started
+        yield number, StepRecord(fetched - started, ended - fetched, results, cpu_s)

@@ -11,6 +11,7 @@ KeyboardInterrupt: KILLED, anything else: FAILED), keeps or drops the checkpoint
 `Summary` made and recorded once (bwopt.summary) and ends the MLflow run, whatever happened.
 """
 
+import math
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -108,6 +109,10 @@ class Run:
         if self.resume_state is not None:  # the finished epochs count as if they ran now
             self.timer.input_wait_s = list(self.resume_state.input_wait_s)
             self.timer.compute_s = list(self.resume_state.compute_s)
+            cpu_s = list(self.resume_state.cpu_s)  # a state written before CPU time was read has none
+            self.timer.cpu_s = (
+                cpu_s if len(cpu_s) == len(self.timer.compute_s) else [math.nan] * len(self.timer.compute_s)
+            )
             self.epoch_log.last = dict(self.resume_state.epoch_metrics)
             self.epoch_log.epochs_done = self.resume_state.epochs_done
             self.epoch_log.logged_through = self.tracker.last_logged_step("loss")
@@ -263,6 +268,7 @@ class Run:
             epochs_done=done,
             input_wait_s=self.timer.input_wait_s[:steps],
             compute_s=self.timer.compute_s[:steps],
+            cpu_s=self.timer.cpu_s[:steps],
             epoch_metrics=self.epoch_log.last,
             overrides=self.overrides,
             config=flatten(self.resolved),

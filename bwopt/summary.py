@@ -133,6 +133,7 @@ def advise(workload: "Workload", figures: TimingFigures, measurements: Dict[str,
 def after_run_figures(workload: "Workload", figures: Optional[TimingFigures]) -> Dict[str, float]:
     """TFRecord files, memory and bandwidth, measured after the mode in the run's own process."""
     from bwopt.measure import host_memcpy_bandwidth_bytes_per_s, peak_device_memory_bytes, peak_host_rss_bytes
+    from bwopt.measure.host import available_cores
     from bwopt.signals import STOP
 
     config = workload.config
@@ -145,6 +146,8 @@ def after_run_figures(workload: "Workload", figures: Optional[TimingFigures]) ->
         measured["skipped_records"] = skipped_records(workload.source)
     # Before the memcpy test, whose two buffers would raise the peak.
     measured["peak_host_rss_bytes"] = peak_host_rss_bytes()
+    if figures is not None and figures.cores_busy is not None:
+        measured["cores_available"] = available_cores()
     if config.measure.memcpy_bandwidth:
         measured["host_memcpy_bytes_per_s"] = host_memcpy_bandwidth_bytes_per_s()
         if figures:

@@ -209,6 +209,20 @@ def _spread(f, ceiling: str) -> str:
     return f" ± {f[key]:.1%}" if key in f else ""
 
 
+def _cpu(f) -> str:
+    """The cores the run kept busy, measured: the process's CPU time over the timed steps / their
+    wall time (every thread: the step's and the input pipeline's)."""
+    if f.get("cores_busy") is None:
+        return ""
+    text = f"{f['cores_busy']:.2f} cores busy"
+    if f.get("cores_busy_ci95"):
+        low, high = f["cores_busy_ci95"]
+        text += f" (95 % CI {low:.2f}–{high:.2f})"
+    if "cores_available" in f:
+        text += f" of {f['cores_available']:.3g} available"
+    return text + f", {f['cpu_s_per_example'] * 1e3:.4f} CPU-ms per example"
+
+
 def _cores(f) -> str:
     """The cores ceiling: what the cores sustain when every example costs the step's and the
     pipeline's CPU time; named the limit when it is below both other ceilings and training is near it.
@@ -310,6 +324,7 @@ MEASURED_ROWS = [
     ("input wait", _input_wait),
     ("verdict", _verdict),
     ("ceilings", _ceilings),
+    ("cpu", _cpu),
     ("cores", _cores),
     ("efficiency", _efficiency),
     ("host memcpy", _memcpy),

@@ -313,6 +313,8 @@ def test_a_slow_pipeline_is_input_bound_on_the_stall(run_experiment, steps_per_e
         f"train.steps_per_execution={steps_per_execution}",
     )
     assert figures.verdict == "highly input-bound" and figures.input_stall_fraction > 0.8
+    # The pipeline sleeps and the step is empty: the run keeps well under one core busy.
+    assert figures.cores_busy < 0.5, figures.cores_busy
 
 
 @pytest.mark.slow  # trains for seconds
@@ -395,8 +397,11 @@ def test_training_on_the_cores_that_run_its_pipeline_runs_at_its_cores_ceiling(r
     def cores_used(measured, side):  # CPU-seconds per second while that side's ceiling was timed
         return measured[f"{side}_cpu_s_per_example"] * measured[f"{side}_ceiling_examples_per_s"]
 
-    serial = run_experiment(*CORES_BOUND).measurements
+    serial_run = run_experiment(*CORES_BOUND)
+    serial = serial_run.measurements
     assert 0.5 <= cores_used(serial, "input") <= 1.6  # measured 1.34: the map thread, batching, the consumer
+    # Training measured directly: its process never keeps more cores busy than it has.
+    assert 0.3 <= serial_run.figures.cores_busy <= 1.1 * cores
     threads = f"pipeline.map_parallelism={max(1, int(cores))}"
     parallel = run_experiment(*CORES_BOUND, "pipeline.vectorized_map=true", threads)
     figures, measured = parallel.figures, parallel.measurements
@@ -404,6 +409,13 @@ def test_training_on_the_cores_that_run_its_pipeline_runs_at_its_cores_ceiling(r
     known_answer(cores_used(measured, "input") >= 0.75 * cores, f"input used {cores_used(measured, 'input'):.2f} cores")
     ratio = figures.throughput_examples_per_s / measured["cores_ceiling_examples_per_s"]
     known_answer(0.7 <= ratio <= 1.2, f"training ran at {ratio:.2f} of the cores ceiling")
+    # The estimate's premise, measured on training itself: every core busy, and each example
+    # costing about what the step and the pipeline cost apart.
+    assert figures.cores_busy <= 1.1 * cores
+    known_answer(figures.cores_busy >= 0.75 * cores, f"training kept {figures.cores_busy:.2f} cores busy")
+    apart = measured["compute_cpu_s_per_example"] + measured["input_cpu_s_per_example"]
+    together = figures.cpu_s_per_example / apart
+    known_answer(0.7 <= together <= 1.3, f"training took {together:.2f} of the CPU per example of both sides apart")
     if cores <= 2:  # with more cores the step is too fast for them to be its limit
         below = measured["cores_ceiling_examples_per_s"] < measured["input_ceiling_examples_per_s"]
         known_answer(below, "the cores ceiling was not below the input ceiling")

@@ -87,3 +87,43 @@ def test_an_exhausted_iterator_ends_the_loop_with_stop_iteration():
     with pytest.raises(StopIteration):
         timed_loop(iter(range(3)), lambda batch: batch, 1, 5, [calls])
     assert calls.calls[-1] == ("loop_end",)
+
+
+def spin_cpu(seconds: float) -> None:
+    """Busy on this thread until the process has spent `seconds` more CPU time."""
+    until = time.process_time() + seconds
+    while time.process_time() < until:
+        pass
+
+
+def test_each_step_records_the_cpu_time_the_process_spent_in_it():
+    """A step that spins for 20 ms of CPU spent at least that (and no more CPU than one thread
+    gives in its wall time, plus the loop's own reads); a step that sleeps spent almost none.
+    Both hold on a loaded machine: a spin measured by CPU time lasts longer in wall time there."""
+    timer = StepTimer()
+    timed_loop(iter([spin_cpu, time.sleep]), lambda work: work(0.02), 1, 2, [timer])
+    (spun, slept), (spun_wall, slept_wall) = timer.cpu_s, timer.compute_s
+    assert 0.02 <= spun <= spun_wall + 0.002
+    assert slept < 0.005 and slept_wall >= 0.02
+
+
+def test_cores_busy_is_the_cpu_time_over_the_wall_time_of_the_timed_steps():
+    timer = StepTimer()
+    for step in range(40):
+        timer.record(0.001, 0.003, 0.006 if step % 2 else 0.002)  # 0.004 CPU-s a 0.004 s step: one core
+    figures = timing_figures(timer, StepPlan(1, 40, 8), 32, 320)
+    assert figures.cores_busy == pytest.approx(1.0)
+    assert figures.cpu_s_per_example == pytest.approx(0.004 / 32)
+    low, high = figures.cores_busy_ci95
+    assert low <= 1.0 <= high and high - low < 0.5
+    metrics = figures.metrics()
+    assert metrics["cores_busy"] == pytest.approx(1.0) and metrics["cores_busy_ci95_low"] == low
+
+
+def test_steps_whose_cpu_time_was_not_read_give_no_cores_busy():
+    timer = StepTimer()
+    for step in range(20):
+        timer.record(0.001, 0.003, None if step == 15 else 0.004)  # a step run by another process
+    figures = timing_figures(timer, StepPlan(1, 20, 4), 32, 320)
+    assert figures.cores_busy is None and figures.cpu_s_per_example is None and figures.cores_busy_ci95 is None
+    assert "cores_busy" not in figures.metrics()

@@ -209,8 +209,9 @@ def recommend(
         return f"{diagnosis}. Try strategy=mirrored, a larger train.global_batch_size, or device.precision={precision}"
     if cores_bound(figures.throughput_examples_per_s, cores_ceiling_examples_per_s, rate_ceilings):
         share = figures.throughput_examples_per_s / cores_ceiling_examples_per_s
+        busy = "" if figures.cores_busy is None else f" ({figures.cores_busy:.2f} cores, measured over the timed steps)"
         return (
-            f"{diagnosis}. Every core is busy: training runs at {share:.0%} of the cores ceiling "
+            f"{diagnosis}. Every core is busy{busy}: training runs at {share:.0%} of the cores ceiling "
             f"({cores_ceiling_examples_per_s:,.0f} examples/s, the step's and the pipeline's CPU time per "
             "example together), so more parallelism or prefetch cannot help: spend less CPU per example "
             "(pipeline.cache where the work is deterministic, pipeline.vectorized_map=true, cheaper maps) "

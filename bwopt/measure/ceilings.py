@@ -8,10 +8,10 @@ overlap of input and compute would reach (see `bwopt.measure.efficiency`). Both 
 On a host whose cores run both the step and the pipeline (training on the CPU), a third bound
 holds: the cores ceiling, cores / (CPU-seconds per example of the step + of the pipeline), each
 read as process CPU time over the timed steps of its own ceiling (`CpuClock`). Training that keeps
-every core busy reaches it, however well input and compute overlap. It is an estimate: each side
-alone can take more CPU per example than the two together (probably the thread pools' threads,
-which spin a while for work before they sleep), so training has measured up to 1.10 of it (0.93-1.10 on
-`experiment=pipelines` with parallel maps on 2 cores).
+every core busy reaches it, however well input and compute overlap. It is an estimate from each
+side apart: training has measured 0.93-1.10 of it on `experiment=pipelines` with parallel maps on
+2 cores, while its own CPU per example (`TimingFigures.cpu_s_per_example`, measured over its
+timed steps) read 1.00 of the two sides' sum there.
 """
 
 import itertools

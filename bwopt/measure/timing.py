@@ -37,8 +37,16 @@ Step-time figures are per training step (execution / N). Which steps are timed i
 every later epoch, because the input pipeline keeps filling its buffers during the validation pass
 between epochs, so those steps would get their batches for free; and steps a profiler traced.
 Validation itself is not part of any step.
+
+Around each step the loop also reads the process's CPU time (every thread's: the step's ops and
+the input pipeline's, which runs ahead in the background). Over the timed steps, CPU seconds / wall
+seconds is `cores_busy`: how many cores the run kept busy on average, measured, not estimated
+(compare the cores ceiling, `bwopt.measure.ceilings`); CPU seconds / examples is
+`cpu_s_per_example`. Only this process's CPU is counted: with the tf.data service or a cluster,
+the work done elsewhere is not.
 """
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -62,18 +70,22 @@ MAD_TO_SIGMA = 1.4826
 
 @dataclass
 class StepTimer(Hook):
-    """Per-step input-wait and compute times, in seconds, in step order: a hook of the timed loop."""
+    """Per-step input-wait and compute times and the process's CPU time over the step, in seconds,
+    in step order (CPU time NaN where it was not read: a step run by another process): a hook of
+    the timed loop."""
 
     follows_extra_steps = True
     input_wait_s: List[float] = field(default_factory=list)
     compute_s: List[float] = field(default_factory=list)
+    cpu_s: List[float] = field(default_factory=list)
 
-    def record(self, input_wait_s: float, compute_s: float) -> None:
+    def record(self, input_wait_s: float, compute_s: float, cpu_s: Optional[float] = None) -> None:
         self.input_wait_s.append(input_wait_s)
         self.compute_s.append(compute_s)
+        self.cpu_s.append(math.nan if cpu_s is None else cpu_s)
 
     def on_step_end(self, step: int, record: StepRecord) -> None:
-        self.record(record.input_wait_s, record.compute_s)
+        self.record(record.input_wait_s, record.compute_s, record.cpu_s)
 
     @property
     def num_steps(self) -> int:
@@ -106,6 +118,9 @@ class TimingFigures:
         verdict: what limits the run: "highly input-bound" or "moderately input-bound" (the
             Profiler's thresholds on the stall), "host-overhead-bound" (host overhead >= 20 %
             of step time), both at once `BOTH_BOUND`, else "compute-bound"; see `bottleneck_verdict`.
+        cores_busy: the process's CPU seconds over the timed steps / their wall seconds (None
+            when a timed step's CPU time was not read); cores_busy_ci95 its interval.
+        cpu_s_per_example: the process's CPU seconds over the timed steps / their examples.
     """
 
     num_timed_steps: int
@@ -131,6 +146,9 @@ class TimingFigures:
     host_overhead_fraction_ci95: Optional[List[float]] = None
     step_partition: Dict[str, float] = field(default_factory=dict)
     step_partition_ci95: Dict[str, List[float]] = field(default_factory=dict)
+    cores_busy: Optional[float] = None
+    cores_busy_ci95: Optional[List[float]] = None
+    cpu_s_per_example: Optional[float] = None
 
     def metrics(self) -> dict:
         """The numeric figures that were measured, as MLflow metrics: an interval [low, high] as
@@ -289,7 +307,11 @@ def timing_figures(
     fraction = float(input_wait.sum() / wall_s)
     steps_per_execution = plan.steps_per_execution
     parts = step_parts(input_wait, compute, references)
-    uncertain = step_uncertainty(parts, examples_per_step * steps_per_execution, {"input_wait": input_wait})
+    series = {"input_wait": input_wait}
+    cpu = np.asarray(timer.cpu_s, dtype=np.float64)[kept] if len(timer.cpu_s) == timer.num_steps else None
+    if cpu is not None and not np.isnan(cpu).any():
+        series["cpu"] = cpu  # its share of step time is the cores kept busy
+    uncertain = step_uncertainty(parts, examples_per_step * steps_per_execution, series)
     stall_fraction = host_fraction = stall_ci = host_ci = None
     if references is not None:
         stall_fraction, host_fraction = uncertain.partition["input_stall"], uncertain.partition["host_overhead"]
@@ -298,6 +320,7 @@ def timing_figures(
     p50, p90, p99 = np.percentile(per_training_step, [50, 90, 99])
     num_training_steps = len(step) * steps_per_execution
     wait_ci = uncertain.series_ci95["input_wait"]
+    cpu_s = float(series["cpu"].sum()) if "cpu" in series else None
     return TimingFigures(
         num_timed_steps=num_training_steps,
         timed_wall_s=wall_s,
@@ -322,6 +345,9 @@ def timing_figures(
         host_overhead_fraction_ci95=host_ci,
         step_partition=uncertain.partition,
         step_partition_ci95=uncertain.partition_ci95,
+        cores_busy=None if cpu_s is None else cpu_s / wall_s,
+        cores_busy_ci95=uncertain.series_ci95.get("cpu"),
+        cpu_s_per_example=None if cpu_s is None else cpu_s / (num_training_steps * examples_per_step),
     )
 
 

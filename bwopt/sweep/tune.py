@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 
 MEASURING = ["measure.ceilings=true"]
 # Proposals that only add overlap or threads: with every core busy they cannot make a run faster.
+# The share of its cores a trial's training must keep busy, measured, for threads and overlap to be skipped.
+BUSY_SHARE = 0.85
 CONCURRENCY = ("parallelize", "prefetch")
 NOT_PASSED_ON = ("tune", "hparams_search", "measure.ceilings")  # the sweep's own choices
 
@@ -366,14 +368,19 @@ class PipelineTuner(Sweeper):
 
 def busy_cores_reason(proposal_name: str, incumbent: Trial) -> Optional[str]:
     """Why a proposal that only adds threads or overlap is not tried on `incumbent`: every core is
-    busy (at 90 % or more of its cores ceiling, below the other ceilings); None when it may help."""
+    busy (at 90 % or more of its cores ceiling, below the other ceilings, and, where measured, at
+    least `BUSY_SHARE` of its cores kept busy by training); None when it may help."""
     others = [value for value in (incumbent.compute_ceiling, incumbent.input_ceiling) if value]
     if proposal_name not in CONCURRENCY or not incumbent.throughput:
         return None
     if not cores_bound(incumbent.throughput, incumbent.cores_ceiling, others):
         return None
+    busy, cores = incumbent.cores_busy, incumbent.cores_available
+    if busy is not None and cores and busy < BUSY_SHARE * cores:  # the estimate says busy, the clock does not
+        return None
+    measured = "" if busy is None else f", {busy:.2f} cores busy"
     return (
         f"every core busy: trial {incumbent.number} runs at {incumbent.throughput / incumbent.cores_ceiling:.2f} "
-        f"of its cores ceiling ({incumbent.cores_ceiling:,.0f} examples/s), so more threads or overlap "
+        f"of its cores ceiling ({incumbent.cores_ceiling:,.0f} examples/s{measured}), so more threads or overlap "
         "cannot make it faster"
     )

@@ -33,6 +33,8 @@ class Trial:
         throughput, ci95: examples/s and its 95 % interval (None when the job failed).
         compute_ceiling, input_ceiling, cores_ceiling: examples/s (None when not measured; the
             cores ceiling is what the step and the pipeline sustain together on the cores they share).
+        cores_busy, cores_available: the cores its training kept busy, measured over its timed
+            steps, and the cores it had (None when not measured).
         step_partition: part -> share of step time.
         val_accuracy: the final validation accuracy.
         wall_s, cpu_s: the job's process, start to end.
@@ -50,6 +52,8 @@ class Trial:
     compute_ceiling: Optional[float] = None
     input_ceiling: Optional[float] = None
     cores_ceiling: Optional[float] = None
+    cores_busy: Optional[float] = None
+    cores_available: Optional[float] = None
     step_partition: Dict[str, float] = field(default_factory=dict)
     val_accuracy: Optional[float] = None
     wall_s: float = 0.0
@@ -103,6 +107,7 @@ def read_trial(folder: Path, trial: Trial) -> Trial:
     trial.compute_ceiling = measurements.get("compute_ceiling_examples_per_s")
     trial.input_ceiling = measurements.get("input_ceiling_examples_per_s")
     trial.cores_ceiling = measurements.get("cores_ceiling_examples_per_s")
+    trial.cores_busy, trial.cores_available = figures.get("cores_busy"), measurements.get("cores_available")
     trial.step_partition = figures.get("step_partition") or {}
     trial.val_accuracy = job.val_accuracy
     return trial

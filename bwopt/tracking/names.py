@@ -82,8 +82,8 @@ def readable_name(key: str) -> tuple:
     """(the metric's name, the factor from the figure's unit to the name's)."""
     if key in ("efficiency", "cores_efficiency"):
         return f"{key}_pct", 100.0
-    if key.endswith("_cpu_s_per_example"):
-        return key.replace("_cpu_s_", "_cpu_ms_"), 1e3
+    if key.endswith("cpu_s_per_example"):
+        return key.replace("cpu_s_", "cpu_ms_"), 1e3
     if key.endswith("_s") and not key.endswith("_per_s") and any(part in key for part in MILLISECOND_FIGURES):
         return key[: -len("_s")] + "_ms", 1e3
     for suffix, readable, factor in READABLE_UNITS:

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import known_answer
@@ -144,6 +146,15 @@ def test_an_input_bound_run_at_its_cores_ceiling_is_told_to_spend_less_cpu_not_t
     )
     assert "Every core is busy: training runs at 97% of the cores ceiling (3,300 examples/s" in text
     assert "spend less CPU per example" in text and "try pipeline=tuned" not in text
+    # With the cores the steps kept busy measured, the sentence quotes them.
+    text = recommend(
+        replace(figures, cores_busy=1.953),
+        knobs,
+        compute_ceiling_examples_per_s=6000.0,
+        input_ceiling_examples_per_s=3500.0,
+        cores_ceiling_examples_per_s=3300.0,
+    )
+    assert "Every core is busy (1.95 cores, measured over the timed steps): training runs at 97%" in text
     # A cores ceiling above another ceiling, or one training is far from, is not the limit.
     for cores in (4000.0, 4500.0):
         text = recommend(
@@ -358,3 +369,15 @@ def test_the_cores_row_names_both_cpu_costs_and_says_when_every_core_is_busy():
         assert row.startswith("step 0.0200 + input 0.0600 CPU-ms per example on 2 cores: about 25,000.0 examples/s")
         assert f"training {throughput / 25e3:.0%} of it" in row
         assert ("every core busy" in row) == busy
+
+
+def test_the_cpu_row_gives_the_cores_kept_busy_with_its_interval_and_the_cpu_per_example():
+    from bwopt.terminal import figure_rows
+    from bwopt.tracking import readable_metrics
+
+    figures = {"cores_busy": 1.934, "cores_busy_ci95": [1.90, 1.95], "cpu_s_per_example": 0.0000271}
+    rows = dict(figure_rows({**figures, "cores_available": 2.0}))
+    assert rows["cpu"] == "1.93 cores busy (95 % CI 1.90–1.95) of 2 available, 0.0271 CPU-ms per example"
+    assert dict(figure_rows(figures))["cpu"] == "1.93 cores busy (95 % CI 1.90–1.95), 0.0271 CPU-ms per example"
+    assert "cpu" not in dict(figure_rows({"cores_busy": None}))
+    assert readable_metrics({"cpu_s_per_example": 2e-5}) == {"cpu_ms_per_example": pytest.approx(0.02)}

@@ -42,3 +42,24 @@ def test_with_every_core_busy_tune_does_not_try_more_threads_or_overlap_but_stil
     above = Trial(1, "vectorize", "…", {}, 5_000.0, [4_900.0, 5_100.0], 100_000.0, 5_200.0)
     above.cores_ceiling = 7_000.0  # the input ceiling is the limit, not the cores
     assert busy_cores_reason("parallelize", above) is None
+    # Measured, the cores the incumbent's training kept busy decide: the estimate alone is not enough.
+    busy.cores_busy, busy.cores_available = 1.95, 2.0
+    assert "(24,000 examples/s, 1.95 cores busy)" in busy_cores_reason("prefetch", busy)
+    busy.cores_busy = 1.40  # 70 % of 2 cores: the estimate said busy, the clock says not
+    assert busy_cores_reason("prefetch", busy) is None
+
+
+def test_a_trial_reads_the_cores_its_training_kept_busy_from_its_summary(tmp_path):
+    import json
+
+    from bwopt.sweep.tune_record import read_trial
+
+    summary = {
+        "status": "FINISHED",
+        "run_id": None,
+        "figures": {"throughput_examples_per_s": 22_000.0, "cores_busy": 1.93},
+        "measurements": {"cores_ceiling_examples_per_s": 24_000.0, "cores_available": 2.0},
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    trial = read_trial(tmp_path, Trial(1, "prefetch", "…", {}))
+    assert (trial.cores_busy, trial.cores_available, trial.cores_ceiling) == (1.93, 2.0, 24_000.0)
