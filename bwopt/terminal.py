@@ -121,13 +121,16 @@ def figures_table(figures: Dict[str, object]) -> str:
     return summary_table(figure_rows(figures))
 
 
+def _interval(f, key: str, spec: str) -> str:
+    """ " (95 % CI low–high)" of the interval `f[key]` formatted with `spec`; "" when there is none."""
+    bounds = f.get(key)
+    return f" (95 % CI {bounds[0]:{spec}}–{bounds[1]:{spec}})" if bounds else ""
+
+
 def _throughput(f) -> str:
     if "throughput_examples_per_s" not in f:
         return ""
-    text = f"{f['throughput_examples_per_s']:,.1f} examples/s"
-    if f.get("throughput_examples_per_s_ci95"):
-        low, high = f["throughput_examples_per_s_ci95"]
-        text += f" (95 % CI {low:,.0f}–{high:,.0f})"
+    text = f"{f['throughput_examples_per_s']:,.1f} examples/s" + _interval(f, "throughput_examples_per_s_ci95", ",.0f")
     if "throughput_bytes_per_s" in f:
         text += f"  ({f['throughput_bytes_per_s'] / 1e6:,.2f} MB/s)"
     return text
@@ -176,10 +179,7 @@ def _step_partition(f) -> str:
 def _input_wait(f) -> str:
     if "input_wait_fraction" not in f:
         return ""
-    text = f"{f['input_wait_fraction']:.1%}"
-    interval = f.get("input_wait_fraction_ci95")
-    if interval:
-        text += f" (95 % CI {interval[0]:.1%}–{interval[1]:.1%})"
+    text = f"{f['input_wait_fraction']:.1%}" + _interval(f, "input_wait_fraction_ci95", ".1%")
     text += " of step time in next()"
     if f.get("steps_per_execution", 1) > 1:
         text += " (the executions take their batches inside the graph)"
@@ -214,10 +214,7 @@ def _cpu(f) -> str:
     wall time (every thread: the step's and the input pipeline's)."""
     if f.get("cores_busy") is None:
         return ""
-    text = f"{f['cores_busy']:.2f} cores busy"
-    if f.get("cores_busy_ci95"):
-        low, high = f["cores_busy_ci95"]
-        text += f" (95 % CI {low:.2f}–{high:.2f})"
+    text = f"{f['cores_busy']:.2f} cores busy" + _interval(f, "cores_busy_ci95", ".2f")
     if "cores_available" in f:
         text += f" of {f['cores_available']:.3g} available"
     return text + f", {f['cpu_s_per_example'] * 1e3:.4f} CPU-ms per example"
