@@ -18,10 +18,18 @@ $(VENV)/.installed: pyproject.toml
 run: $(VENV)/.installed
 	$(PYTHON) -m bwopt $(ARGS)
 
+# Tests run in two parts: those that time nothing, $(TEST_WORKERS) at a time (pytest-xdist), then the
+# `timing` ones alone, so that no other test's work sits in the window they time. Both parts always
+# run; the target fails if either failed (exit 5, "no test selected", is not a failure: PYTEST_ARGS
+# may name tests of one part only).
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) -m "not timing" $(PYTEST_ARGS); first=$$?; \
+	$(PYTHON) -m pytest -m timing $(PYTEST_ARGS); second=$$?; \
+	for code in $$first $$second; do case $$code in 0|5) ;; *) exit $$code;; esac; done
 
-# The fast tier: the tests that start no process and take well under a second each.
+# The fast tier: the tests that start no process and take well under a second each, in one process
+# (two workers' start-up costs more than they save here).
 test-fast: $(VENV)/.installed
 	$(PYTHON) -m pytest -m "not slow" $(PYTEST_ARGS)
 

@@ -1,6 +1,7 @@
 """Shared fixtures: compose the real conf/, shrunk to tiny runs that write under tmp_path."""
 
 import contextlib
+import inspect
 import os
 import signal
 import sqlite3
@@ -18,6 +19,21 @@ from bwopt.app import config_dir, validate
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that checks a time against a known answer must be marked `timing`: `make test` runs those
+    alone, after the others ran two at a time, so that no other test's work sits in their window."""
+    unmarked = sorted(
+        {
+            item.nodeid.split("[")[0]
+            for item in items
+            if item.get_closest_marker("timing") is None
+            and any(call in inspect.getsource(item.function) for call in ("known_answer(", "cpu_share("))
+        }
+    )
+    if unmarked:
+        raise pytest.UsageError(f"checks a time against a known answer but is not marked timing: {unmarked}")
 
 
 # Tests count the epochs' steps: no extra timed steps unless a test asks for a window.

@@ -256,6 +256,7 @@ def test_a_task_that_never_starts_ends_the_wait_after_the_start_up_bound_naming_
     assert not (tmp_path / "outputs" / "mlflow.db").exists()
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_the_first_signal_stops_the_wait_for_a_task_that_never_starts(tmp_path):
     process = lone_worker(tmp_path, "cluster.startup_timeout_s=600")

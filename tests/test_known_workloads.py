@@ -21,6 +21,8 @@ from bwopt.loop import Hook
 from bwopt.measure import StepTimer
 from bwopt.pipeline import build_dataset, file_elements
 
+pytestmark = pytest.mark.timing  # every answer here is a time or a rate
+
 BATCH = 16
 ELEMENT_S = 0.001
 WORKLOAD = [

@@ -57,6 +57,7 @@ def sleepy_batches(seconds):
         yield None
 
 
+@pytest.mark.timing
 def test_input_wait_and_compute_are_the_known_sleeps():
     timer = StepTimer()
     timed_loop(sleepy_batches(0.02), lambda batch: time.sleep(0.01), 1, 6, [timer])
@@ -96,6 +97,7 @@ def spin_cpu(seconds: float) -> None:
         pass
 
 
+@pytest.mark.timing
 def test_each_step_records_the_cpu_time_the_process_spent_in_it():
     """A step that spins for 20 ms of CPU spent at least that (and no more CPU than one thread
     gives in its wall time, plus the loop's own reads); a step that sleeps spent almost none.

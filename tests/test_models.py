@@ -293,6 +293,7 @@ def test_a_custom_model_trains_from_the_command_line_on_the_users_image_folder(t
     assert run.data.params["data.name"] == "images" and run.data.metrics["throughput_examples_per_s"] > 0
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["module missing", "attribute missing", "not callable"])
 def test_a_bad_custom_target_ends_in_one_line_without_tensorflow(case, tmp_path):

@@ -199,6 +199,7 @@ def test_interleave_settings_are_in_the_graph():
     assert "InterleaveDataset" in ops(file_elements(serial, source.train_files, source.open_file))
 
 
+@pytest.mark.timing
 @pytest.mark.slow  # seconds of input pipeline
 def test_parallel_interleave_overlaps_file_latency():
     """6 files that each take 500 ms to open: serial reading pays 6 x 500 ms, 3 in parallel about a third.

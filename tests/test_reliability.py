@@ -84,6 +84,7 @@ def write_many_records(path: Path, num_records: int) -> None:
             writer.write(example)
 
 
+@pytest.mark.timing
 def test_a_signal_while_the_records_are_counted_stops_at_once_and_leaves_no_run(tmp_path):
     """Before the MLflow run exists, the first signal stops any phase (here: counting the user's
     records, file by file in Python) at once, and no run is made only to be marked KILLED."""

@@ -169,6 +169,7 @@ def test_complete_logs_a_run_folder_to_its_run_after_an_outage(tmp_path):
     assert run.data.metrics["val_accuracy"] == 0.9
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_the_first_signal_stops_a_run_that_waits_on_a_silent_tracking_server(tmp_path):
     """A server that accepts and never answers: the wait gives way to Ctrl-C at once, exit 130."""

@@ -151,6 +151,7 @@ def test_parallel_reads_yield_every_example_exactly_once(tmp_path, noise, num_pa
     assert np.array_equal(read_features[order], features)
 
 
+@pytest.mark.timing
 def test_read_throughput_counts_one_full_pass(tmp_path, digits):
     # Digits eight times over: a pass of ~0.1 s, long beside building the dataset graph.
     features, labels = (np.concatenate([array] * 8) for array in digits)

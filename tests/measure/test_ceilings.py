@@ -52,6 +52,7 @@ def default_strategy(devices):
     return tf.distribute.get_strategy()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("make_strategy", [default_strategy, mirrored])
 def test_input_ceiling_of_a_pipeline_with_a_known_cost_per_batch(devices, make_strategy):
     strategy = make_strategy(devices)
@@ -72,6 +73,7 @@ def test_input_ceiling_accepts_an_iterator_and_says_when_the_data_ends():
         input_ceiling(finite, 5, 1, 1, FEATURES)
 
 
+@pytest.mark.timing
 def test_compute_ceiling_of_a_step_with_a_known_cost():
     import tensorflow as tf
 
@@ -90,6 +92,7 @@ def test_compute_ceiling_of_a_step_with_a_known_cost():
     assert 0.6 * IDEAL_EXAMPLES_PER_S <= examples_per_s <= 1.05 * IDEAL_EXAMPLES_PER_S
 
 
+@pytest.mark.timing
 def test_compute_ceiling_of_a_cheap_step_is_not_held_back_by_a_slow_pipeline():
     import keras
     import tensorflow as tf
@@ -117,6 +120,7 @@ def test_compute_ceiling_of_a_cheap_step_is_not_held_back_by_a_slow_pipeline():
     assert any(not np.allclose(before, after) for before, after in zip(weights_before, weights_after))
 
 
+@pytest.mark.timing
 def test_the_cpu_clock_reads_the_cpu_time_steps_spend_and_not_the_time_they_sleep():
     def spin(_):  # 10 ms of this thread's CPU time, however busy the machine is
         until = time.thread_time() + SLEEP_S

@@ -31,6 +31,7 @@ def model_that_sleeps(num_features: int, sleep_s: float = SLEEP_S):
     return keras.Sequential([keras.Input((num_features,)), Sleep(), keras.layers.Dense(4)])
 
 
+@pytest.mark.timing
 def test_latency_of_a_forward_pass_with_a_known_cost():
     (figures,) = measure_inference(model_that_sleeps(8), (8,), "uint8", [16], num_batches=30, warmup_batches=2)
     (awake,) = measure_inference(model_that_sleeps(8, 0.0), (8,), "uint8", [16], num_batches=30, warmup_batches=2)

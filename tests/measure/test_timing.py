@@ -284,8 +284,10 @@ def test_ceilings_keep_the_median_and_spread_of_their_blocks():
 
 
 @pytest.mark.parametrize("spread", [None, 0.0, 0.05, 0.3])
-def test_efficiency_is_never_printed_above_100_percent_without_its_spread(spread):
+def test_efficiency_is_never_printed_above_100_percent_without_its_spread(spread, monkeypatch):
     import re
+
+    monkeypatch.setenv("COLUMNS", "200")  # the row on one line, whatever the terminal
 
     from bwopt.terminal import figures_table
 
@@ -331,6 +333,7 @@ KNOWN = [
         (["data.element_latency_s=0", "data.step_compute_s=0.08", "pipeline.prefetch=8"], "compute-bound"),
     ],
 )
+@pytest.mark.timing
 def test_five_identical_runs_give_one_verdict(run_experiment, workload, answer):
     """A verdict is only given where its interval clears the thresholds, so identical runs agree;
     on a known workload they give the known answer."""
@@ -338,6 +341,7 @@ def test_five_identical_runs_give_one_verdict(run_experiment, workload, answer):
     known_answer(verdicts == [answer] * 5, f"verdicts {verdicts}")
 
 
+@pytest.mark.timing
 @pytest.mark.slow  # five runs of the default experiment, each with its 3 s window
 def test_five_identical_default_runs_give_one_verdict(run_experiment):
     """The default run as shipped (its timed window included): the same verdict five times, or five
