@@ -11,8 +11,10 @@ fixed, `experiment=pipelines` spanned 0.10-0.90 and `experiment=scaling` sat at 
 What a process cannot change once TensorFlow has started (the number of logical devices, GPU
 memory growth) is left at this process's set-up: `scaling` sweeps the replica count over
 `mirrored`'s workload, which runs here on one replica (`strategy=default`) and two (`mirrored`);
-`memory_growth` runs its workload on the CPU. `imagenet_like` (MobileNetV2, about 70 s a run
-here) is measured by its README sweep on seeds 0-4 instead.
+`memory_growth` runs its workload on the CPU. `imagenet_like` (MobileNetV2, about 70 s a run)
+runs each job as a test of its own, so that `make test`'s two workers share its seven runs; each
+must reach 1 - tolerance, which (accuracy being at most 1) puts them within the tolerance of each
+other.
 """
 
 from pathlib import Path
@@ -32,7 +34,9 @@ PER_PROCESS_KEYS = {"device.num_cpu_devices", "device.memory_growth"}
 # The issue's own check: naive and tuned on seeds 0, 1 and 2.
 SEEDS_ACROSS_SETTINGS = {"pipelines": (0, 1, 2)}
 # preset -> why it is not run here
-LEFT_OUT = {"scaling": "mirrored's workload; a replica count needs a process", "imagenet_like": "70 s a run"}
+LEFT_OUT = {"scaling": "mirrored's workload; a replica count needs a process"}
+# preset -> run job by job (test_a_long_preset_reaches_...), each job a test of its own
+JOB_BY_JOB = {"imagenet_like"}
 # Every preset learns to at least this (compression, digits: 0.96-0.98; the others 1.00); chance is
 # 0.10 for the ten classes of digits and synthetic, 0.50 for artificial's two.
 FLOOR = 0.9
@@ -71,7 +75,7 @@ def test_every_preset_runs_every_seed_and_every_setting_here_unless_left_out_wit
 
 
 @pytest.mark.slow  # every preset as it ships: 5-8 runs of 3-30 s each
-@pytest.mark.parametrize("preset", [preset for preset in experiment_presets() if preset not in LEFT_OUT])
+@pytest.mark.parametrize("preset", sorted(set(experiment_presets()) - set(LEFT_OUT) - JOB_BY_JOB))
 def test_the_preset_learns_the_same_whatever_the_setting_and_seed(run_experiment, preset):
     tolerance = validate(compose_config()).sweep.accuracy_tolerance
     accuracies = {}
@@ -84,3 +88,18 @@ def test_the_preset_learns_the_same_whatever_the_setting_and_seed(run_experiment
     spread = max(accuracies.values()) - min(accuracies.values())
     assert spread <= tolerance, accuracies
     assert min(accuracies.values()) >= FLOOR, accuracies
+
+
+@pytest.mark.slow  # MobileNetV2 for 12 epochs: about 70 s
+@pytest.mark.parametrize(
+    "preset,seed,overrides",
+    [(preset, seed, overrides) for preset in sorted(JOB_BY_JOB) for seed, overrides in jobs(preset)],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else str(value),
+)
+def test_a_long_preset_reaches_one_minus_the_tolerance_on_each_seed_and_setting(
+    run_experiment, preset, seed, overrides
+):
+    tolerance = validate(compose_config()).sweep.accuracy_tolerance
+    summary = run_experiment(f"experiment={preset}", *overrides, f"seed={seed}", *QUIET)
+    assert summary.status == "FINISHED"
+    assert summary.final_metrics["val_accuracy"] >= 1 - tolerance, summary.final_metrics
