@@ -12,10 +12,10 @@ a lagged read would let step n's `next()` overlap step n-1's device work, so the
 would no longer be time the step stood still, and each compute time would hold its neighbour's;
 the partition of the step (bwopt.measure.timing) would lose its meaning. What the read costs was
 measured against a hand-written loop that reads once per block (benchmarks/vs_plain_loop.py,
-README there): 15-30 us per step on CPU for the one vector a training step returns (three
-tensors read one by one cost about three times that), so 0.5 % of a 5 ms step, 2-3 % of a 1 ms
-one. Where the sync costs more (an accelerator with short steps), the cure keeps the figures
-true: `train.steps_per_execution=N` reads once per N steps.
+README there): ~1.3 % of a 0.9 ms step on CPU for the one vector a training step returns, the
+loop and its hooks ~2.5 % more (paired steps, 2026-12-03). Where that matters (short steps, or
+an accelerator's sync), the cure keeps the figures true: `train.steps_per_execution=N` pays it
+once per N steps.
 
 Everything else a run does around its steps (the step timer, the progress bar, the profiler, the
 epoch log, the stop check) is a `Hook`, called outside the timed part of a step, in the spirit of

@@ -75,9 +75,11 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
         return tf.cast(features, compute_dtype) * tf.cast(feature_scale, compute_dtype)
 
     def sums(labels, logits, losses):
+        """The replica's (loss, correct, examples) sums as one float32 vector: one reduce, one read."""
         predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
         correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels), tf.float32))
-        return tf.reduce_sum(losses), correct, tf.cast(tf.shape(labels)[0], tf.float32)
+        loss_sum = tf.cast(tf.reduce_sum(losses), tf.float32)
+        return tf.stack([loss_sum, correct, tf.cast(tf.shape(labels)[0], tf.float32)])
 
     # XLA compiles the math; the gradient all-reduce stays outside the compiled function.
     @tf.function(jit_compile=settings.jit_compile or None)
@@ -97,7 +99,7 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
         if step_compute_s:
             slept = tf.py_function(lambda: time.sleep(step_compute_s) or 0.0, [], tf.float32)
             slept = tf.ensure_shape(slept, [])  # a scalar, as the loop of train_execution needs
-            replica_sums = (replica_sums[0] + slept, *replica_sums[1:])
+            replica_sums = replica_sums + slept  # a dependency on the sleep (it returns 0)
         return replica_sums
 
     def replica_evaluate(features, labels):
@@ -105,12 +107,10 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
         return sums(labels, logits, per_example_loss(labels, logits))
 
     def replica_empty(features, labels):
-        return tuple(tf.zeros((), tf.float32) for _ in range(3))
+        return tf.zeros([3], tf.float32)
 
     def reduced_sums(replica_fn, batch):
-        replica_sums = strategy.run(replica_fn, args=batch)
-        reduce = tf.distribute.ReduceOp.SUM
-        return tf.stack([tf.cast(strategy.reduce(reduce, value, axis=None), tf.float32) for value in replica_sums])
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_fn, args=batch), axis=None)
 
     def reduced(replica_fn):
         return tf.function(lambda batch: reduced_sums(replica_fn, batch))

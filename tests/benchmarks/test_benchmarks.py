@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # script: a line it must print
 SMOKE_SCRIPTS = {
-    "vs_plain_loop.py": "ratio bwopt / plain loop",
+    "vs_plain_loop.py": "paired steps bwopt / plain loop",
     "vs_keras_fit.py": "(fit's best N)",
     "pipeline_payoff.py": "tuned throughput / min(ceilings)",
     "tracking_overhead.py": "ratio throughput tracking on/off",
