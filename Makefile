@@ -22,8 +22,8 @@ run: $(VENV)/.installed
 # `timing` ones alone, so that no other test's work sits in the window they time. A timing test that
 # fails runs once more (pytest-rerunfailures; the report counts it as "rerun"): another process on
 # the cores for part of its window can push one measurement past its margin, a wrong figure misses
-# twice. Both parts always run; the target fails if either failed (exit 5, "no test selected", is not a failure: PYTEST_ARGS
-# may name tests of one part only).
+# twice. Both parts always run; the target fails if either failed (exit 5, "no test selected", is
+# not a failure: PYTEST_ARGS may name tests of one part only).
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) -m "not timing" $(PYTEST_ARGS); first=$$?; \
