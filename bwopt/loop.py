@@ -4,18 +4,19 @@ Each step is timed in two parts on the host's monotonic clock (`time.perf_counte
 wait, blocked in `next(iterator)`, and the compute, from calling `step(batch)` until it returns;
 around both, the process's CPU time (`time.process_time`, every thread of the process: the step's
 ops and the input pipeline's), which says how many cores the step kept busy.
-`step` must not return before the work it dispatched has finished (read its results on the host),
-so that the compute time is the step's.
+`step` must not return before the work it dispatched has finished, so that the compute time is
+the step's: on a CPU a compiled call returns only when its work is done (eager execution is
+synchronous), on a GPU or TPU once it is queued, so there the step reads its results on the host,
+which waits for it (bwopt.train.calls_return_when_done).
 
-Why a read every step, not a lagged one (reading step n-1's results after dispatching step n):
-a lagged read would let step n's `next()` overlap step n-1's device work, so the input wait
-would no longer be time the step stood still, and each compute time would hold its neighbour's;
-the partition of the step (bwopt.measure.timing) would lose its meaning. What the read costs was
-measured against a hand-written loop that reads once per block (benchmarks/vs_plain_loop.py,
-README there): ~1.3 % of a 0.9 ms step on CPU for the one vector a training step returns, the
-loop and its hooks ~2.5 % more (paired steps, 2026-12-03). Where that matters (short steps, or
-an accelerator's sync), the cure keeps the figures true: `train.steps_per_execution=N` pays it
-once per N steps.
+Why not a lagged read (reading step n-1's results after dispatching step n): it would let step
+n's `next()` overlap step n-1's device work, so the input wait would no longer be time the step
+stood still, and each compute time would hold its neighbour's; the partition of the step
+(bwopt.measure.timing) would lose its meaning. What the loop costs was measured against a
+hand-written loop (benchmarks/vs_plain_loop.py, README there): on CPU, where the results stay
+tensors until the hooks read many steps' at once, ~3 % of a 0.65 ms step (MLP 128) in paired
+steps, 2026-12-04; a read every step cost ~2 % more. Where that matters, the cure keeps the
+figures true: `train.steps_per_execution=N` pays the loop once per N steps.
 
 Everything else a run does around its steps (the step timer, the progress bar, the profiler, the
 epoch log, the stop check) is a `Hook`, called outside the timed part of a step, in the spirit of

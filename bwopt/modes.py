@@ -124,10 +124,12 @@ def measure_host_references(steps, ready_iterator):
     """The per-call costs that split the input wait (bwopt.measure.timing), on batches always ready."""
     from bwopt.measure import HostReferences, dispatch_overhead_s, fetch_overhead_s, ready_execution_s
 
-    dispatch = dispatch_overhead_s(steps.empty_step, next(ready_iterator))
+    read = steps.read_each_step  # timed as the loop times a step: with its read, or the call alone
+    dispatch = dispatch_overhead_s(steps.empty_step, next(ready_iterator), read=read)
     if steps.train_execution is None:
         return HostReferences(dispatch, fetch_overhead_s=fetch_overhead_s(ready_iterator))
-    return HostReferences(dispatch, ready_execution_s=ready_execution_s(steps.train_execution, ready_iterator))
+    execution_s = ready_execution_s(steps.train_execution, ready_iterator, read=read)
+    return HostReferences(dispatch, ready_execution_s=execution_s)
 
 
 def measure_ceilings(workload: "Workload", train_iterator, ready_iterator) -> Dict[str, float]:
@@ -160,7 +162,10 @@ def measure_ceilings(workload: "Workload", train_iterator, ready_iterator) -> Di
         warmup = min(config.train.warmup_steps, compute_steps) if block == 0 else 0
         clock = CpuClock(warmup, warmup + compute_steps - 1)
         examples = batch * per_execution
-        compute_blocks.append(compute_ceiling(step, argument, compute_steps, warmup, examples, [stop, clock]))
+        hooks = [stop, clock]
+        compute_blocks.append(
+            compute_ceiling(step, argument, compute_steps, warmup, examples, hooks, read=steps.read_each_step)
+        )
         compute_cpu.append(clock.cpu_s / (compute_steps * examples))
     for block in range(num_blocks):
         drain = batches_to_drain(config, per_block, first_block=block == 0)

@@ -90,3 +90,43 @@ def test_a_diverging_run_stops_at_the_first_nan_loss_and_ends_failed(run_experim
     assert run.info.status == "FAILED" and "training diverged" in run.data.tags["bwopt.end_reason"]
     # It stopped at once: not five epochs of NaN.
     assert len(mlflow_client.get_metric_history(run.info.run_id, "loss")) <= 1
+
+
+def test_on_cpu_the_loop_leaves_results_unread_and_the_epoch_metrics_are_those_of_a_read_every_step():
+    import dataclasses
+
+    import tensorflow as tf
+
+    from bwopt.measure import StepPlan
+    from bwopt.train import calls_return_when_done, loop_step, train
+
+    assert calls_return_when_done()  # this machine has no GPU: a compiled call returns when done
+    strategy = tf.distribute.get_strategy()
+    epochs = {}
+    for read_each_step in (True, False):
+        _, steps = build(strategy, 16)  # the same seed: the same model, the same examples
+        steps = dataclasses.replace(steps, read_each_step=read_each_step)
+        _, step = loop_step(steps, None)
+        batch = next(iter(batches(16, 1)))
+        assert isinstance(step(batch), np.ndarray) == read_each_step
+        _, steps = build(strategy, 16)
+        steps = dataclasses.replace(steps, read_each_step=read_each_step)
+        epochs[read_each_step] = train(steps, iter(batches(16, 8).repeat()), batches(16, 4), StepPlan(2, 8, 2))
+    assert epochs[False] == pytest.approx(epochs[True], rel=1e-6)
+
+
+def test_the_nan_check_reads_losses_in_batches_and_names_the_first_bad_step():
+    import tensorflow as tf
+
+    from bwopt.loop import StepRecord
+    from bwopt.train import NonFiniteLoss, TerminateOnNaN
+
+    check = TerminateOnNaN()
+    losses = [1.0] * 20 + [float("nan"), float("inf")] + [1.0] * 3
+    for step, loss in enumerate(losses[:20]):
+        check.on_step_end(step, StepRecord(0.0, 0.0, tf.constant([loss, 1.0, 1.0])))
+    assert check.pending == [(16 + n, check.pending[n][1]) for n in range(4)]  # 16 read at once, 4 held
+    for step, loss in enumerate(losses[20:], start=20):
+        check.on_step_end(step, StepRecord(0.0, 0.0, tf.constant([loss, 1.0, 1.0])))
+    with pytest.raises(NonFiniteLoss, match="became nan at step 20"):
+        check.on_epoch_end(0, {})

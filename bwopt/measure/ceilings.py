@@ -57,12 +57,14 @@ def compute_ceiling(
     warmup_steps: int,
     examples_per_step: int,
     hooks: Sequence[Hook] = (),
+    read: bool = True,
 ) -> float:
     """Examples/s of the compiled distributed train step alone, with no input wait.
 
     Timed: the compute part of `num_steps` steps of the timed loop (`bwopt.loop`) that calls
     `train_step(distributed_batch)` on the same batch, one already on the replicas' devices, each
-    call synchronised like training steps are, by reading all its results on the host; the
+    call synchronised like training steps are: by reading all its results on the host (`read`),
+    or, where a call returns only when its work is done, by the call itself; the
     ceiling is their examples / the sum of their compute times, so no `next()` is timed.
     Excluded: the `warmup_steps` calls before (tracing, XLA compilation). `hooks` (a stop check)
     run between steps, outside the timed part.
@@ -74,7 +76,7 @@ def compute_ceiling(
     plan = StepPlan(1, warmup_steps + num_steps, warmup_steps)
     timed_loop(
         itertools.repeat(distributed_batch),
-        lambda batch: read_on_host(train_step(batch)),
+        (lambda batch: read_on_host(train_step(batch))) if read else train_step,
         1,
         plan.num_steps,
         [timer, *hooks],

@@ -37,19 +37,28 @@ def fetch_overhead_s(ready_iterator: Iterator, calls_per_block: int = 30, num_bl
     return statistics.median(per_call_s(lambda: next(ready_iterator), calls_per_block, num_blocks))
 
 
-def dispatch_overhead_s(empty_step: Callable, batch, calls_per_block: int = 30, num_blocks: int = 5) -> float:
-    """Seconds one step that computes nothing costs: dispatch of the distributed call and host read.
+def dispatch_overhead_s(
+    empty_step: Callable, batch, calls_per_block: int = 30, num_blocks: int = 5, read: bool = True
+) -> float:
+    """Seconds one step that computes nothing costs: dispatch of the distributed call, and the host
+    read of its results where the timed loop reads each step's (`read`; bwopt.train.loop_step).
 
-    Timed: `read_on_host(empty_step(batch))`, with `empty_step` a compiled distributed step with
-    the train step's signature that only returns per-replica zeros, reduced over replicas.
+    Timed: `read_on_host(empty_step(batch))` (or the call alone), with `empty_step` a compiled
+    distributed step with the train step's signature that only returns per-replica zeros, reduced
+    over replicas.
     """
-    return statistics.median(per_call_s(lambda: read_on_host(empty_step(batch)), calls_per_block, num_blocks))
+    call = (lambda: read_on_host(empty_step(batch))) if read else (lambda: empty_step(batch))
+    return statistics.median(per_call_s(call, calls_per_block, num_blocks))
 
 
-def ready_execution_s(execution: Callable, ready_iterator, calls_per_block: int = 2, num_blocks: int = 5) -> float:
+def ready_execution_s(
+    execution: Callable, ready_iterator, calls_per_block: int = 2, num_blocks: int = 5, read: bool = True
+) -> float:
     """Seconds one N-step execution costs on batches always ready (`train.steps_per_execution` > 1).
 
-    Timed: `read_on_host(execution(ready_iterator))` with `ready_iterator` over one cached batch;
-    it trains, so measure after the run's figures are taken.
+    Timed: `read_on_host(execution(ready_iterator))` (the call alone where `read` is false, as the
+    timed loop times it) with `ready_iterator` over one cached batch; it trains, so measure after
+    the run's figures are taken.
     """
-    return statistics.median(per_call_s(lambda: read_on_host(execution(ready_iterator)), calls_per_block, num_blocks))
+    call = (lambda: read_on_host(execution(ready_iterator))) if read else (lambda: execution(ready_iterator))
+    return statistics.median(per_call_s(call, calls_per_block, num_blocks))
