@@ -16,32 +16,37 @@ block by block (in `_common.alternate`'s order), so that a change in the machine
 on every side alike, over `--rounds` rounds:
 
 - `bwopt`: `bwopt.train.train` (the timed loop of every bwopt run: `next()` and the step
-  timed apart, the step's results read on the host every step, the step timer, the epoch
-  metrics and the NaN check as hooks) over bwopt's `pipeline=default` dataset;
-- `bwopt spe=8`: the same with `train.steps_per_execution=8` (one read per 8 steps);
-- `plain loop`: a hand-written `tf.function` train step over the same `pipeline=default`
-  dataset, the loss read once at the end of the block;
+  timed apart, the step timer, the epoch metrics and the NaN check as hooks; on a CPU the
+  step's results stay tensors until the hooks read them, 16 steps at a time) over bwopt's
+  `pipeline=default` dataset;
+- `bwopt spe=8`: the same with `train.steps_per_execution=8`;
+- `plain loop, same figures`: a hand-written `tf.function` train step over the same
+  `pipeline=default` dataset that returns what bwopt's epoch log sums (loss, correct
+  predictions, examples, one vector), read once at the end of the block (it keeps only the
+  last step's: a loop that added them up would pay more);
+- `plain loop`: the same step returning only its loss: what training accuracy costs besides;
 - `plain loop, plain pipeline`: that loop over `from_tensor_slices -> shuffle(1024) ->
   batch -> prefetch(AUTOTUNE)`: the pipeline alone compared, loop held fixed.
 
 Printed, per workload: median examples/s of each and the median of per-round ratios, each with
 the median's 95 % bootstrap interval and min-max; a target is met only when the interval clears
-it. Targets: bwopt / plain loop >= 0.98 (the observer costs at most 2 %); plain loop over
-bwopt's pipeline / over the plain one >= 1.0.
+it. Targets: bwopt / plain loop, same figures >= 0.98 (the observer costs at most 2 %; the same
+figures, since a loop that reports training accuracy computes it); bwopt / plain loop (loss
+only) printed beside it; plain loop over bwopt's pipeline / over the plain one >= 1.0.
 
 Then, per workload, **paired steps** (`--pairs`, 0 to skip): the rounds above are blocks of 48
 steps a few hundred ms apart, and the load of a shared machine moves between them (rounds read
-±4 % on MLP 128, more than the 2 % under test). Here the two sides of the first ratio take turns
-step by step: bwopt's timed loop runs as in every run (its `next()` and step timed apart, the
-step's results read on the host, its hooks) with one more hook last, which runs one step of the
-plain loop over its own model and `pipeline=default` iterator, before each bwopt step in odd
-blocks and after it in even ones, the clock read around it. Between two plain steps lies exactly
-one bwopt step with all its loop's work; the first plain step of a block (cold from the pause)
-and the bwopt step before it are left out. On a CPU a `tf.function` call returns when its work is
-done (checked: a 1.3 s call, then 0.03 ms to read its result), so the plain step needs no read;
-it reads its loss once per block, as above. Per block, bwopt / plain loop = plain seconds / bwopt
-seconds; printed as the median over blocks with its 95 % interval. The same alternation of a plain
-loop against a second plain loop (both driven by hand) read 1.000 (0.993-1.009).
+±4 % on MLP 128, more than the 2 % under test). Here bwopt and one plain loop take turns step
+by step (the same-figures loop, then the loss-only one): bwopt's timed loop runs as in every
+run with one more hook last, which runs one step of the plain loop over its own model and
+`pipeline=default` iterator, before each bwopt step in odd blocks and after it in even ones,
+the clock read around it. Between two plain steps lies exactly one bwopt step with all its
+loop's work; the first plain step of a block (cold from the pause) and the bwopt step before it
+are left out. On a CPU a `tf.function` call returns when its work is done (checked: a 1.3 s
+call, then 0.03 ms to read its result), so the plain step needs no read; it reads its result
+once per block, as above. Per block, bwopt / plain loop = plain seconds / bwopt seconds; printed
+as the median over blocks with its 95 % interval. The same alternation of a plain loop against a
+second plain loop (both driven by hand) read 1.000 (0.993-1.009).
 
 Run: `.venv/bin/python benchmarks/vs_plain_loop.py` (every workload; about 5 min each on 2
 cores at 150 rounds, plus the pairs); `BWOPT_BENCHMARK_SMOKE=1` runs one short round and two
