@@ -27,7 +27,9 @@ class GracefulStop:
     its heap; so the first signal only asks the loop to stop, and the loop checks `check()`
     between steps (`StopCheck`); a second signal stops at once. While the run records what it
     measured (`finishing`), a first and a second signal are noted, not raised, so the figures
-    are kept; a third one stops at once.
+    are kept; a third one stops at once. A write that must not be cut in half (`shielded`: a
+    local tracking store's transaction) notes the first two signals too, and acts on them as
+    they would have been acted on once it is done.
     """
 
     def __init__(self) -> None:
@@ -36,6 +38,7 @@ class GracefulStop:
         self.num_signals = 0
         self.waiting_outside = False
         self.deferring = False
+        self.shielding = False
         self.installed = False
 
     def reset(self) -> None:
@@ -64,6 +67,20 @@ class GracefulStop:
         if not before:  # leaving for a phase the first signal stops at once: a stop asked in the loop's last step
             self.check()
 
+    @contextlib.contextmanager
+    def shielded(self):
+        """A short, bounded call that a KeyboardInterrupt must not cut in half: the first two signals
+        in it are noted, and once it is done, stop as they would have where it was called (at once,
+        or at the loop's next step boundary). A third one stops at once."""
+        before, self.shielding = self.shielding, True
+        signals_before = self.num_signals
+        try:
+            yield
+        finally:  # a stop wins over an error of the call
+            self.shielding = before
+            if self.num_signals > signals_before and self._stops_at_once():
+                raise KeyboardInterrupt(f"stopped by {self.requested}")
+
     def install(self) -> None:
         """Handle the stop signals; an ignored SIGHUP stays ignored (`nohup`: the run outlives its terminal)."""
         for signum in STOP_SIGNALS:
@@ -81,16 +98,18 @@ class GracefulStop:
     def _handle(self, signum, frame) -> None:
         self.num_signals += 1
         self.requested = self.requested or signal.Signals(signum).name  # the first one says why
-        if self.finishing:
-            if self.num_signals == 2:
-                # os.write, not print: the handler may interrupt a print to stderr, whose buffer
-                # refuses a reentrant write (RuntimeError)
-                os.write(2, b"bwopt: keeping what was measured; a third signal stops at once\n")
-            if self.num_signals < 3:
-                return
-        elif self.num_signals == 1 and self.deferring and not self.waiting_outside:
-            return
-        raise KeyboardInterrupt(f"stopped by {self.requested}")
+        if self.finishing and self.num_signals == 2:
+            # os.write, not print: the handler may interrupt a print to stderr, whose buffer
+            # refuses a reentrant write (RuntimeError)
+            os.write(2, b"bwopt: keeping what was measured; a third signal stops at once\n")
+        if self._stops_at_once():
+            raise KeyboardInterrupt(f"stopped by {self.requested}")
+
+    def _stops_at_once(self) -> bool:
+        """Whether the signals received so far stop the process where it is now, or are only noted."""
+        if self.finishing or self.shielding:
+            return self.num_signals >= 3
+        return not (self.num_signals == 1 and self.deferring and not self.waiting_outside)
 
     @property
     def exit_code(self) -> int:

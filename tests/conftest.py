@@ -84,6 +84,23 @@ def mlflow_client(mlflow_uri):
     return MlflowClient(tracking_uri=mlflow_uri)
 
 
+@pytest.fixture
+def installed():
+    """bwopt's handlers on SIGINT, SIGTERM and SIGHUP for one test, pytest's put back after. SIGHUP
+    starts at its default, as in a terminal: under `nohup` it is ignored, and stays so."""
+    from bwopt.signals import STOP, STOP_SIGNALS
+
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    STOP.reset()
+    STOP.install()
+    yield STOP
+    STOP.reset()
+    STOP.installed = False
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
 def run_bwopt(*args, cwd, timeout=300, env=None):
     """`python -m bwopt ARGS` in a fresh process; a single run gets `TEST_DEFAULTS` unless ARGS set
     those keys (a multirun does not: its jobs are named after their overrides)."""

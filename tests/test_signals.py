@@ -11,22 +11,7 @@ import psutil
 import pytest
 from conftest import REPO
 
-from bwopt.signals import STOP, STOP_SIGNALS, StopCheck
-
-
-@pytest.fixture
-def installed():
-    """bwopt's handlers on SIGINT, SIGTERM and SIGHUP for one test, pytest's put back after. SIGHUP
-    starts at its default, as in a terminal: under `nohup` it is ignored, and stays so."""
-    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    STOP.reset()
-    STOP.install()
-    yield STOP
-    STOP.reset()
-    STOP.installed = False
-    for signum, handler in before.items():
-        signal.signal(signum, handler)
+from bwopt.signals import StopCheck
 
 
 def deliver(signum: signal.Signals) -> None:
@@ -94,6 +79,46 @@ def test_while_the_run_records_two_signals_are_noted_and_a_third_stops(installed
 def test_a_wait_outside_the_process_gives_way_to_the_first_signal_even_in_a_loop(installed):
     with pytest.raises(KeyboardInterrupt), installed.deferred(), installed.interruptible():
         deliver(signal.SIGTERM)
+
+
+def test_a_shielded_call_finishes_and_then_stops_as_the_place_it_was_called_from_would(installed):
+    """Outside a loop the first signal stops once the call is done; in a loop, at the step's end."""
+    finished = []
+    with pytest.raises(KeyboardInterrupt, match="stopped by SIGTERM"):
+        with installed.shielded():
+            deliver(signal.SIGTERM)
+            finished.append("the call")
+    assert finished == ["the call"]
+    installed.reset()
+    with pytest.raises(KeyboardInterrupt, match="stopped by SIGINT"), installed.deferred():
+        with installed.shielded():
+            deliver(signal.SIGINT)
+        finished.append(installed.requested)  # asked; the loop's StopCheck acts on it
+        StopCheck().on_step_end(0, None)
+    assert finished == ["the call", "SIGINT"]
+
+
+def test_in_a_shielded_call_a_second_signal_waits_for_its_end_and_a_third_stops_at_once(installed):
+    noted = []
+    with pytest.raises(KeyboardInterrupt), installed.deferred():
+        with installed.shielded():
+            deliver(signal.SIGTERM)
+            deliver(signal.SIGTERM)  # in a loop, outside the call, the second stops at once
+            noted.append(installed.num_signals)
+    assert noted == [2]
+    installed.reset()
+    with pytest.raises(KeyboardInterrupt), installed.shielded():
+        deliver(signal.SIGTERM)
+        deliver(signal.SIGTERM)
+        noted.append(installed.num_signals)
+        deliver(signal.SIGTERM)
+        noted.append("not reached: the third stops inside the call")
+    assert noted == [2, 2]
+    installed.reset()
+    with pytest.raises(KeyboardInterrupt, match="stopped by SIGTERM"):  # a stop wins over the call's error
+        with installed.shielded():
+            deliver(signal.SIGTERM)
+            raise RuntimeError("the store failed")
 
 
 def test_reclaim_takes_sigterm_back_from_a_library_that_took_it(installed):

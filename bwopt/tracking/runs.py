@@ -14,6 +14,7 @@ from bwopt.tracking.store import (
     open_client,
     reap_dead_runs,
     server_uri,
+    signal_safe,
     start_bounds,
     unavailable_on_error,
 )
@@ -37,23 +38,22 @@ class MlflowTracker:
         """Create the run, named from `overrides` unless tracking.run_name is set, with MLflow's
         own source tags (source name and type, user, git commit), as its fluent API sets them;
         or, with `resume`, reopen that run (a stopped run continued: bwopt.checkpoint), without the
-        tags of how its stopped attempt ended. A signal while the store is slow to answer stops at
-        once; each call gives up after bwopt.tracking.store.START_TIMEOUT_S.
+        tags of how its stopped attempt ended. A signal while a server is slow to answer stops at
+        once, one during a local store's call once the call is done (`signal_safe`); each call to
+        a server gives up after bwopt.tracking.store.START_TIMEOUT_S.
 
         Raises:
             TrackingUnavailable: the store failed (one line naming tracking.uri); a run it had made
                 already is deleted, so nothing half-written is left.
         """
-        from bwopt.signals import STOP
-
-        with STOP.interruptible(), start_bounds(self.config.uri):
+        with signal_safe(self.config.uri), start_bounds(self.config.uri):
             return self._start(params, tags, overrides, resume)
 
     def _start(self, params, tags, overrides, resume) -> str:
         from mlflow.tracking.context.registry import resolve_tags
 
         self.client, experiment_id = open_client(self.config)
-        with guarded("mark runs of dead processes KILLED"):
+        with guarded(self.config.uri, "mark runs of dead processes KILLED"):
             reap_dead_runs(self.client, [experiment_id])
         if resume is not None:
             with unavailable_on_error(self.config.uri):
@@ -68,7 +68,7 @@ class MlflowTracker:
             with unavailable_on_error(self.config.uri):
                 self._log_params(params)
         except BaseException:  # a signal or a store that failed: the run measured nothing, drop it
-            with guarded("delete the run it had begun"):
+            with guarded(self.config.uri, "delete the run it had begun"):
                 self.client.delete_run(self.run_id)
             raise
         self._start_system_metrics()
@@ -103,7 +103,7 @@ class MlflowTracker:
 
     def last_logged_step(self, key: str) -> int:
         """The highest step of metric `key` in the run (0 when it has none, or the store does not answer)."""
-        with guarded(f"read back {key}"):
+        with guarded(self.config.uri, f"read back {key}"):
             return max((metric.step for metric in self.client.get_metric_history(self.run_id, key)), default=0)
         return 0
 
@@ -111,7 +111,7 @@ class MlflowTracker:
         """MLflow's own sampler of CPU, memory, disk, network (and GPU) use, as `system/...` metrics."""
         if not self.config.system_metrics:
             return
-        with guarded("start system metrics", self.failures):
+        with guarded(self.config.uri, "start system metrics", self.failures):
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
             self.system_metrics = SystemMetricsMonitor(
@@ -134,22 +134,22 @@ class MlflowTracker:
 
         now = int(time.time() * 1000)
         batch = [Metric(key, float(value), now, step) for key, value in metrics.items()]
-        with guarded("log metrics", self.failures):
+        with guarded(self.config.uri, "log metrics", self.failures):
             self.client.log_batch(self.run_id, metrics=batch)
 
     def set_tags(self, tags: Dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
         batch = [RunTag(key, str(value)) for key, value in tags.items()]
-        with guarded("set tags", self.failures):
+        with guarded(self.config.uri, "set tags", self.failures):
             self.client.log_batch(self.run_id, tags=batch)
 
     def log_artifacts(self, path: Path, artifact_path: Optional[str] = None) -> None:
         if path.is_dir():
-            with guarded("log artifacts", self.failures):
+            with guarded(self.config.uri, "log artifacts", self.failures):
                 self.client.log_artifacts(self.run_id, str(path), artifact_path)
         elif path.is_file():
-            with guarded("log an artifact", self.failures):
+            with guarded(self.config.uri, "log an artifact", self.failures):
                 self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def set_description(self, markdown: str) -> None:
@@ -159,9 +159,9 @@ class MlflowTracker:
     def end(self, status: str) -> None:
         """status: FINISHED, FAILED or KILLED."""
         if self.system_metrics is not None:
-            with guarded("log system metrics", self.failures):
+            with guarded(self.config.uri, "log system metrics", self.failures):
                 self._finish_system_metrics()
-        with guarded("end the run", self.failures):
+        with guarded(self.config.uri, "end the run", self.failures):
             self.client.set_terminated(self.run_id, status)
 
     @classmethod
@@ -224,7 +224,7 @@ def reap_runs(tracking) -> list:
     sweep job killed by a signal); the ids marked (none without MLflow, or if the store fails)."""
     if tracking.name != "mlflow":
         return []
-    with guarded("mark the runs of killed processes KILLED"):
+    with guarded(tracking.uri, "mark the runs of killed processes KILLED"):
         client, experiment_id = open_client(tracking)
         return reap_dead_runs(client, [experiment_id])
     return []
@@ -237,7 +237,7 @@ def end_runs_of_process(tracking, pid: int, status: str, reason: str) -> list:
 
     if tracking.name != "mlflow":
         return []
-    with guarded("end the run of a process that ended without ending it"):
+    with guarded(tracking.uri, "end the run of a process that ended without ending it"):
         client, experiment_id = open_client(tracking)
         query = (
             f"attributes.status = 'RUNNING' and tags.`bwopt.host` = '{socket.gethostname()}' "

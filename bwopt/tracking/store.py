@@ -48,21 +48,34 @@ class TrackingUnavailable(RuntimeError):
 
 
 @contextlib.contextmanager
-def guarded(what: str, failures: Optional[list] = None):
-    """Warn on stderr and go on when the store fails: a tracking outage never ends a measurement.
+def guarded(uri: str, what: str, failures: Optional[list] = None):
+    """Warn on stderr and go on when the store at `uri` fails: a tracking outage never ends a measurement.
 
     `what` failed is appended to `failures` (the tracker's record of what the MLflow run missed).
-    A store that hangs does not hold a stop back either (the first signal interrupts the wait).
+    A signal meets the call as `signal_safe` says.
     """
-    from bwopt.signals import STOP
-
     try:
-        with STOP.interruptible():
+        with signal_safe(uri):
             yield
     except Exception as error:
         print(f"bwopt: warning: MLflow could not {what}: {first_line(error)}", file=sys.stderr)
         if failures is not None:
             failures.append(what)
+
+
+def signal_safe(uri: str):
+    """How a stop signal meets a call to the store at `uri`.
+
+    A server may hang, so the first signal ends the wait at once (`STOP.interruptible`). A local
+    store's call is short and bounded, and a KeyboardInterrupt inside SQLAlchemy's sqlite session
+    leaves the file's write lock held for the rest of the process, so that every later write (the
+    run's KILLED status among them) waits out the busy timeout and fails: there the signal is
+    acted on once the call is done (`STOP.shielded`).
+    """
+    from bwopt.signals import STOP
+
+    local = urllib.parse.urlsplit(uri).scheme in ("", "file", "sqlite")
+    return STOP.shielded() if local else STOP.interruptible()
 
 
 def first_line(error: BaseException) -> str:
@@ -358,7 +371,7 @@ def open_client(tracking) -> tuple:
             return client, experiment_id
     for key, value in EXPERIMENT_TAGS.items():
         if key not in experiment.tags:
-            with guarded(f"set the experiment's {key}"):
+            with guarded(tracking.uri, f"set the experiment's {key}"):
                 client.set_experiment_tag(experiment.experiment_id, key, value)
     return client, experiment.experiment_id
 

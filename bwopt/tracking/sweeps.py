@@ -47,8 +47,9 @@ def _recent_names(client, experiment_id: str) -> list:
 
 
 class ParentRun:
-    def __init__(self, client, run_id: str) -> None:
+    def __init__(self, client, uri: str, run_id: str) -> None:
         self.client = client
+        self.uri = uri
         self.run_id = run_id
 
     @classmethod
@@ -68,32 +69,32 @@ class ParentRun:
             "bwopt.host": socket.gethostname(),
             "bwopt.pid": str(os.getpid()),
         }
-        with guarded("create the sweep's parent run"):
+        with guarded(tracking.uri, "create the sweep's parent run"):
             client, experiment_id = open_client(tracking)
             started_ms = int(time.time() * 1000)
             name = unique_name(f"{name} · {time.strftime('%Y-%m-%d %H:%M:%S')}", _recent_names(client, experiment_id))
             run = client.create_run(experiment_id, start_time=started_ms, run_name=name, tags=tags)
-            return cls(client, run.info.run_id)
+            return cls(client, tracking.uri, run.info.run_id)
         return None
 
     def lead_description(self, sentence: str) -> None:
         """Put `sentence` first in the run's description (a search's comparison, after its report)."""
-        with guarded("lead the description"):
+        with guarded(self.uri, "lead the description"):
             note = self.client.get_run(self.run_id).data.tags.get(NOTE_TAG, "")
             self.client.set_tag(self.run_id, NOTE_TAG, within_limit(f"**{sentence}**\n\n{note}".strip()))
 
     def resume(self) -> None:
         """A later batch of the same sweep (a sweeper that launches in batches)."""
-        with guarded("resume the parent run"):
+        with guarded(self.uri, "resume the parent run"):
             self.client.update_run(self.run_id, status="RUNNING")
 
     def annotate(self, files: Sequence[Path], tags: Dict[str, str]) -> None:
         """Log more files and tags onto the run (a search's results, after its last batch)."""
         for path in files:
-            with guarded(f"log {path.name}"):
+            with guarded(self.uri, f"log {path.name}"):
                 self.client.log_artifact(self.run_id, str(path))
         for key, value in tags.items():
-            with guarded(f"set tag {key}"):
+            with guarded(self.uri, f"set tag {key}"):
                 self.client.set_tag(self.run_id, key, value)
 
     def log_figures(self, metrics: Dict[str, float], params: Dict[str, str]) -> None:
@@ -104,9 +105,9 @@ class ParentRun:
 
         now = int(time.time() * 1000)
         logged = set()
-        with guarded("read the parent run's params"):
+        with guarded(self.uri, "read the parent run's params"):
             logged = set(self.client.get_run(self.run_id).data.params)
-        with guarded("log the sweep's figures"):
+        with guarded(self.uri, "log the sweep's figures"):
             self.client.log_batch(
                 self.run_id,
                 metrics=[Metric(key, float(value), now, 0) for key, value in metrics.items()],
@@ -118,7 +119,7 @@ class ParentRun:
         if report is not None:
             self.annotate(report.files, {NOTE_TAG: within_limit(report.summary)})
             self.log_figures(*report.parent_figures())
-        with guarded("end the parent run"):
+        with guarded(self.uri, "end the parent run"):
             self.client.set_terminated(self.run_id, status)
 
 
@@ -126,7 +127,7 @@ def job_run_figures(tracking, parent_run_id: str, pid: int) -> Optional[dict]:
     """The MLflow run of the sweep job that process `pid` ran (a child of `parent_run_id`): its id,
     status, verdict tag and latest metrics (in MLflow's units, `bwopt.tracking.names.readable_metrics`);
     None when the job started no run or the store fails."""
-    with guarded("read a failed job's MLflow run"):
+    with guarded(tracking.uri, "read a failed job's MLflow run"):
         client, experiment_id = open_client(tracking)
         children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'")
         for run in children:
