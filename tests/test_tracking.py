@@ -50,32 +50,51 @@ def test_a_tracking_outage_warns_and_the_run_goes_on(tmp_path, capsys, monkeypat
 
 
 @pytest.mark.slow  # a new sqlite store: seconds
-def test_a_signal_during_a_write_to_a_sqlite_store_leaves_it_writable_for_the_end_of_the_run(tmp_path, installed):
+def test_a_signal_as_a_run_starts_or_writes_to_a_sqlite_store_leaves_no_run_running_and_the_store_writable(
+    tmp_path, installed
+):
     """A KeyboardInterrupt raised inside SQLAlchemy's sqlite session would leave the file's write
     lock held for the rest of the process: the run's KILLED status would wait out the busy timeout
-    (20 s) and fail. Signals at chance moments of a stream of writes; each run still ends at once."""
+    (20 s) and fail. Signals at chance moments of a run's start and of a stream of its writes: a
+    run stopped as it started is deleted (it measured nothing), every other ends KILLED at once."""
     import random
     import signal
     import threading
     import time
 
     from mlflow import MlflowClient
+    from mlflow.entities import ViewType
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    config = MlflowTracking(uri=uri, experiment="stopped", system_metrics=False)
+    made_the_store = MlflowTracker(config).start({}, tags={})  # so that the attempts time its use
     random.seed(0)
-    for attempt in range(20):  # without the shield, 2 in 5 attempts left the store locked
+    stopped_starting = 0
+    for attempt in range(24):  # without the shield, 2 in 5 stopped writes left the store locked
         installed.reset()
-        tracker = MlflowTracker(MlflowTracking(uri=uri, experiment="stopped", system_metrics=False))
-        run_id = tracker.start({}, tags={})
-        threading.Timer(random.uniform(0.001, 0.03), os.kill, (os.getpid(), signal.SIGTERM)).start()
+        tracker = MlflowTracker(config)
+        threading.Timer(random.uniform(0.001, 0.15), os.kill, (os.getpid(), signal.SIGTERM)).start()
+        try:
+            tracker.start({"a": "1"}, tags={})
+        except KeyboardInterrupt:
+            stopped_starting += 1
+            assert tracker.run_id is None and not tracker.failures, (attempt, tracker.failures)
+            continue
         with pytest.raises(KeyboardInterrupt):
-            for step in range(100_000):
+            for step in range(1_000_000):
                 tracker.log_metrics({"loss": 1.0}, step=step)
         installed.finishing = True
         started = time.monotonic()
         tracker.end("KILLED")
         assert time.monotonic() - started < 5 and not tracker.failures, (attempt, tracker.failures)
-        assert MlflowClient(tracking_uri=uri).get_run(run_id).info.status == "KILLED"
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("stopped").experiment_id], run_view_type=ViewType.ALL)
+    deleted = [run for run in runs if run.info.lifecycle_stage == "deleted"]
+    assert 0 < stopped_starting < 24 and len(deleted) == stopped_starting
+    ended = [
+        run.info.status for run in runs if run.info.lifecycle_stage == "active" and run.info.run_id != made_the_store
+    ]
+    assert ended == ["KILLED"] * (24 - stopped_starting)
 
 
 @pytest.mark.slow  # a new sqlite store: seconds

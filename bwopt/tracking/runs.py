@@ -44,10 +44,25 @@ class MlflowTracker:
 
         Raises:
             TrackingUnavailable: the store failed (one line naming tracking.uri); a run it had made
-                already is deleted, so nothing half-written is left.
+                already is deleted, so nothing half-written is left (so it is when a signal stops
+                the start).
         """
-        with signal_safe(self.config.uri), start_bounds(self.config.uri):
-            return self._start(params, tags, overrides, resume)
+        try:
+            with signal_safe(self.config.uri), start_bounds(self.config.uri):
+                return self._start(params, tags, overrides, resume)
+        except BaseException:  # a signal or a store that failed: a run it had made measured nothing
+            if resume is None and self.run_id is not None:
+                self._drop_new_run()
+            raise
+
+    def _drop_new_run(self) -> None:
+        monitor, self.system_metrics = self.system_metrics, None
+        if monitor is not None:
+            with guarded(self.config.uri, "stop system metrics"):
+                monitor.finish()
+        with guarded(self.config.uri, "delete the run it had begun"):
+            self.client.delete_run(self.run_id)
+        self.run_id = None
 
     def _start(self, params, tags, overrides, resume) -> str:
         from mlflow.tracking.context.registry import resolve_tags
@@ -64,13 +79,7 @@ class MlflowTracker:
         name = self.config.run_name or run_name(overrides)
         with unavailable_on_error(self.config.uri):
             self.run_id = self.client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
-        try:
-            with unavailable_on_error(self.config.uri):
-                self._log_params(params)
-        except BaseException:  # a signal or a store that failed: the run measured nothing, drop it
-            with guarded(self.config.uri, "delete the run it had begun"):
-                self.client.delete_run(self.run_id)
-            raise
+            self._log_params(params)
         self._start_system_metrics()
         return self.run_id
 
