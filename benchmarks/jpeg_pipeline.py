@@ -20,8 +20,14 @@ Three sides, alternated round by round (in `_common.alternate`'s order):
   iterated in Python; wall clock around the same number of timed batches after the same warm-up.
 
 Printed: median examples/s of each side with its 95 % interval and min-max, and the medians of
-per-round ratios with theirs. Target: bwopt fused / hand-written >= 0.98 (met, missed or within
-noise of it, by the median's interval). No target for fused / decode-then-crop: it is what the
+per-round ratios with theirs; beside them each side's CPU time per example (the process's CPU
+seconds, every thread, over the timed batches: bwopt's `cpu_s_per_example`, `time.process_time`
+around the hand-written loop) and the ratio hand-written / bwopt, which reads above 1 where
+bwopt's pipeline does the same work with less CPU. Both pipelines keep the 2 cores busy, so their
+throughput is the cores over the CPU per example; the CPU figure barely moves with the machine's
+speed from one second to the next, which swings single rounds' throughput ratios by ±40 % here.
+Target: bwopt fused / hand-written >= 0.98 (met, missed or within noise of it, by the median's
+interval). No target for fused / decode-then-crop: it is what the
 optimisation buys on these small JPEGs (faster, slower or no difference detected).
 
 Run: `.venv/bin/python benchmarks/jpeg_pipeline.py [--rounds N]` (7 rounds, about 70-100 s on 2 cores);
@@ -32,6 +38,7 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Tuple
 
 from _common import (
     QUIET,
@@ -105,15 +112,17 @@ def hand_written_dataset(config):
     return dataset.batch(BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def examples_per_s(dataset) -> float:
-    """Examples per second of `dataset` over STEPS batches after WARMUP, iterated in Python."""
+def examples_per_s(dataset) -> Tuple[float, float]:
+    """(examples per second, CPU seconds per example) of `dataset` over STEPS batches after
+    WARMUP, iterated in Python."""
     iterator = iter(dataset)
     for _ in range(WARMUP):
         next(iterator)
-    started = time.perf_counter()
+    cpu_started, started = time.process_time(), time.perf_counter()
     for _ in range(STEPS):
         next(iterator)
-    return STEPS * BATCH / (time.perf_counter() - started)
+    wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    return STEPS * BATCH / wall_s, cpu_s / (STEPS * BATCH)
 
 
 def main() -> None:
@@ -132,20 +141,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
 
         def bwopt_side(config):
-            return lambda: run_bwopt(*config, Path(scratch) / "run").figures.throughput_examples_per_s
+            def measure():
+                figures = run_bwopt(*config, Path(scratch) / "run").figures
+                return figures.throughput_examples_per_s, figures.cpu_s_per_example
+
+            return measure
 
         sides = {
             "bwopt fused": bwopt_side(fused),
             "bwopt decode-then-crop": bwopt_side(unfused),
             "hand-written": lambda: examples_per_s(hand_written_dataset(fused[0])),
         }
-        results = alternate(sides, rounds)
+        measured = alternate(sides, rounds)
     print(f"{rounds} rounds, {time.perf_counter() - started_all:.0f} s")
+    results = {name: [rate for rate, _ in values] for name, values in measured.items()}
+    cpu = {name: [cpu_s * 1e6 for _, cpu_s in values] for name, values in measured.items()}
     for name, values in results.items():
         print(f"  {name:<24} examples/s {spread(values, ',.0f')}")
+        print(f"  {'':<24} CPU-us per example {spread(cpu[name], ',.1f')}")
     per_round = ratios(results["bwopt fused"], results["hand-written"])
     target = f"target >= 0.98: {verdict(per_round, 0.98)}"
     print(f"ratio bwopt mode=input / hand-written tf.data: {spread(per_round)}  {target}")
+    per_round = ratios(cpu["hand-written"], cpu["bwopt fused"])
+    print(f"CPU per example, hand-written / bwopt mode=input: {spread(per_round)}  {comparison(per_round)}")
     per_round = ratios(results["bwopt fused"], results["bwopt decode-then-crop"])
     print(f"ratio fused decode-and-crop / decode-then-crop: {spread(per_round)}  {comparison(per_round)}")
 

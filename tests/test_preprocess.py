@@ -20,6 +20,7 @@ from bwopt.preprocess import (
     image_identity,
     random_window,
     randomly_cropped,
+    resize,
 )
 from bwopt.schema import ConfigError
 
@@ -110,6 +111,20 @@ def test_the_windows_follow_model_garden():
     assert center_cropped(jpeg, Decoding(SIZE)).shape == (*SIZE, 3)
     seeds = tf.constant([[0, 14], [0, 15]], tf.int64)
     assert randomly_cropped(jpeg, seeds, Decoding(SIZE, False)).shape == (*SIZE, 3)
+
+
+def test_the_flip_after_resizing_gives_the_pixels_of_model_gardens_flip_before_it():
+    decoding = Decoding(SIZE)
+    flipped = 0
+    for index, jpeg in enumerate(encoded_images(6)[0]):
+        for draw in range(4):
+            seeds = tf.constant([[index, draw], [draw, index]], tf.int64)
+            crop = decode_window(jpeg, random_window(seeds[0]), decoding)
+            garden = resize(tf.image.stateless_random_flip_left_right(crop, seeds[1]), decoding).numpy()
+            ours = randomly_cropped(jpeg, seeds, decoding).numpy()
+            assert np.abs(ours.astype(int) - garden).max() <= 1 and np.mean(ours == garden) > 0.99
+            flipped += not np.array_equal(ours, resize(crop, decoding).numpy())
+    assert 0 < flipped < 24  # the coin falls both ways
 
 
 def test_an_images_seeds_depend_on_its_identity_the_epoch_and_the_run_seed_only():
