@@ -26,7 +26,11 @@ import statistics
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from bwopt.quiet import quiet  # imports no TensorFlow
+
+# Benchmarks print their own lines only, as a run does: TensorFlow's start-up chatter is dropped
+# (bwopt.quiet); BWOPT_BENCHMARK_VERBOSE=1 shows everything the libraries print.
+quiet(verbose=os.environ.get("BWOPT_BENCHMARK_VERBOSE") == "1")
 
 SMOKE = os.environ.get("BWOPT_BENCHMARK_SMOKE") == "1"
 # What every benchmark run leaves out: its own memcpy test and progress line (unless asked).

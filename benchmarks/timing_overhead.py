@@ -23,13 +23,11 @@ much of the timed block's wall time the recorded step times cover.
 Run: `.venv/bin/python benchmarks/timing_overhead.py` (about 20 s on 2 cores).
 """
 
-import os
 import statistics
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import numpy as np  # noqa: E402
+import _common  # noqa: F401 (quiets TensorFlow's start-up chatter, as in every benchmark)
+import numpy as np
 
 NUM_EXAMPLES = 4096
 NUM_FEATURES = 64

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bwopt.quiet import ABSL_BANNER
+
 REPO = Path(__file__).resolve().parents[2]
 # script: a line it must print
 SMOKE_SCRIPTS = {
@@ -40,6 +42,8 @@ def test_benchmark_runs_in_smoke_form_and_prints_its_ratios(script):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert SMOKE_SCRIPTS[script] in result.stdout, result.stdout[-2000:]
+    # Its own lines only: TensorFlow's start-up chatter is dropped as in a run (bwopt.quiet).
+    assert ABSL_BANNER not in result.stderr and "oneDNN custom operations" not in result.stderr, result.stderr[-2000:]
 
 
 def test_every_benchmark_script_has_a_smoke_test_or_is_known_not_to():
