@@ -75,10 +75,12 @@ WORKLOADS = {
 COMPARISONS = (
     ("bwopt", "plain loop, same figures", 0.98),
     ("bwopt", "plain loop", None),
+    ("bwopt", "plain loop, same figures, concrete", None),
     ("bwopt spe=8", "plain loop, same figures", 0.98),
     ("plain loop", "plain loop, plain pipeline", 1.0),
 )
-PAIRED = (("plain loop, same figures", 0.98), ("plain loop", None))  # bwopt against each, step by step
+# bwopt against each, step by step
+PAIRED = (("plain loop, same figures", 0.98), ("plain loop", None), ("plain loop, same figures, concrete", None))
 
 
 def build_sides(config):
@@ -124,9 +126,10 @@ def build_sides(config):
 
         return block
 
-    def plain_side(dataset, figures: bool = False):
+    def plain_side(dataset, figures: bool = False, concrete: bool = False):
         """One step of the hand-written loop at a time, and blocks of them; with `figures`, each step
-        also returns what bwopt's epoch log sums (loss, correct predictions, examples), else the loss."""
+        also returns what bwopt's epoch log sums (loss, correct predictions, examples), else the loss;
+        with `concrete`, the step is called through its concrete function, as bwopt calls its own."""
         model, optimizer = model_and_optimizer()
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -142,9 +145,10 @@ def build_sides(config):
             return tf.stack([loss * batch, correct, float(batch)])
 
         iterator = iter(dataset)
+        call = step.get_concrete_function(*next(iterator)) if concrete else step
 
         def one_step():
-            return step(*next(iterator))
+            return call(*next(iterator))
 
         def block(num_steps: int) -> None:
             for _ in range(num_steps):
@@ -158,6 +162,7 @@ def build_sides(config):
         "bwopt": bwopt_side(1),
         "bwopt spe=8": bwopt_side(8),
         "plain loop, same figures": plain_side(bwopt_pipeline(), figures=True),
+        "plain loop, same figures, concrete": plain_side(bwopt_pipeline(), figures=True, concrete=True),
         "plain loop": plain_side(bwopt_pipeline()),
         "plain loop, plain pipeline": plain_side(plain_pipeline()),
     }
@@ -235,7 +240,7 @@ def measure_workload(name: str, rounds: int, pair_blocks: int) -> None:
     results = alternate({side: timed(block, batch) for side, block in blocks.items()}, rounds)
     print(f"{rounds} rounds, {time.perf_counter() - started_all:.0f} s; {load_line()}")
     for side, values in results.items():
-        print(f"  {side:<28} examples/s {spread(values, ',.0f')}")
+        print(f"  {side:<34} examples/s {spread(values, ',.0f')}")
     for numerator, denominator, target in COMPARISONS:
         per_round = ratios(results[numerator], results[denominator])
         note = f"  target >= {target}: {verdict(per_round, target)}" if target else ""

@@ -153,6 +153,7 @@ class Workload:
             config.device.jit_compile,
             step_compute_s=self.source.step_compute_s,
             steps_per_execution=per_execution,
+            direct_calls=config.strategy.name not in ("parameter_server", "tpu"),
         )
         return make_step_functions(self.strategy, self.model, self.optimizer, settings)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 
-def build(strategy, global_batch_size):
+def build(strategy, global_batch_size, direct_calls=True):
     import keras
 
     from bwopt.train import StepSettings, make_step_functions
@@ -14,7 +14,8 @@ def build(strategy, global_batch_size):
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
-    return model, make_step_functions(strategy, model, optimizer, StepSettings(global_batch_size))
+    settings = StepSettings(global_batch_size, direct_calls=direct_calls)
+    return model, make_step_functions(strategy, model, optimizer, settings)
 
 
 def batches(global_batch_size, num_batches):
@@ -42,6 +43,31 @@ def test_evaluation_counts_the_examples_and_matches_the_model_by_hand():
     losses = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")(labels, logits)
     assert metrics["val_loss"] == pytest.approx(float(np.mean(losses)), rel=1e-5)
     assert metrics["val_accuracy"] == pytest.approx(float(np.mean(logits.argmax(-1) == labels)))
+
+
+def test_steps_called_through_their_concrete_functions_train_the_same_and_take_any_batch_size():
+    import tensorflow as tf
+
+    from bwopt.train import DirectCall, evaluate, read_sums
+
+    strategy = tf.distribute.get_strategy()
+    trained = {}
+    for direct in (False, True):
+        model, steps = build(strategy, 16, direct_calls=direct)
+        assert isinstance(steps.train_step, DirectCall) == direct
+        sums = [read_sums(steps.train_step(batch)) for batch in batches(16, 6)]
+        trained[direct] = (np.array(sums), [weight.numpy() for weight in model.weights])
+    (direct_sums, direct_weights), (sums, weights) = trained[True], trained[False]
+    # `steps` now calls its functions directly.
+    np.testing.assert_array_equal(direct_sums, sums)  # the same graph, the same numbers
+    for direct_weight, weight in zip(direct_weights, weights):
+        np.testing.assert_array_equal(direct_weight, weight)
+    # Validation batches of 16 and a last one of 8, twice: each signature traced once, kept.
+    validation = batches(8, 5)
+    unbatched = validation.unbatch().batch(16)  # 16, 16, 8
+    first, second = evaluate(steps, unbatched), evaluate(steps, unbatched)
+    assert first == second and len(steps.evaluate_step.concrete) == 2
+    assert evaluate(steps, validation)["val_loss"] == pytest.approx(first["val_loss"], rel=1e-6)
 
 
 def test_two_replicas_sum_to_the_global_batch(devices):

@@ -31,8 +31,12 @@ def memoryview_copy_bytes_per_s(num_bytes: int, repeats: int) -> float:
 
 
 def test_memcpy_bandwidth_agrees_with_a_memoryview_copy():
-    numpy_bytes_per_s = host_memcpy_bandwidth_bytes_per_s(32 * MiB, repeats=5)
-    memoryview_bytes_per_s = memoryview_copy_bytes_per_s(32 * MiB, repeats=5)
+    # Alternated, the best of each: a burst of other work (a test beside this one reads 4.2 against
+    # 13.4 GB/s at a single try each) then slows both sides' slower tries, not their best.
+    numpy_bytes_per_s = memoryview_bytes_per_s = 0.0
+    for _ in range(4):
+        numpy_bytes_per_s = max(numpy_bytes_per_s, host_memcpy_bandwidth_bytes_per_s(32 * MiB, repeats=5))
+        memoryview_bytes_per_s = max(memoryview_bytes_per_s, memoryview_copy_bytes_per_s(32 * MiB, repeats=5))
     # Both end in the C library's memcpy; a factor of 3 leaves room for a noisy neighbour.
     assert 1 / 3 <= numpy_bytes_per_s / memoryview_bytes_per_s <= 3
     assert numpy_bytes_per_s > 100e6
