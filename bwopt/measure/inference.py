@@ -50,10 +50,12 @@ def measure_inference(
     """Time forward passes of `model` at each batch size, in the order given.
 
     Timed, per batch: one call of a `tf.function` forward pass (cast to the compute dtype, scale
-    by `feature_scale`, `model(..., training=False)`) plus copying its output to the host, which
-    waits for the pass to finish. Excluded: building the input (one random batch per batch size,
-    made once and placed where TensorFlow places ops, a GPU when there is one, so no host-to-device
-    copy is timed) and the first `warmup_batches` passes at each size (tracing for the new shape).
+    by `feature_scale`, `model(..., training=False)`) through the concrete function traced for
+    the batch's shape, as training calls its steps (bwopt.train.DirectCall: no per-call argument
+    matching), plus copying its output to the host, which waits for the pass to finish.
+    Excluded: building the input (one random batch per batch size, made once and placed where
+    TensorFlow places ops, a GPU when there is one, so no host-to-device copy is timed) and the
+    first `warmup_batches` passes at each size (tracing for the new shape).
 
     Raises:
         ValueError: when `num_batches` < 1.
@@ -92,6 +94,7 @@ def _input_batch(feature_shape: Sequence[int], feature_dtype: str, batch_size: i
 def _time_batches(forward, features, num_batches: int, warmup_batches: int) -> InferenceFigures:
     for _ in range(warmup_batches):
         _to_host(forward(features))
+    forward = forward.get_concrete_function(features)
     latencies_s = []
     for _ in range(num_batches):
         started = time.perf_counter()
