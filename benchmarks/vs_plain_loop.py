@@ -24,6 +24,9 @@ on every side alike, over `--rounds` rounds:
   `pipeline=default` dataset that returns what bwopt's epoch log sums (loss, correct
   predictions, examples, one vector), read once at the end of the block (it keeps only the
   last step's: a loop that added them up would pay more);
+- `plain loop, same figures, concrete`: the same, calling its step's concrete function, as bwopt
+  calls its own steps (`bwopt.train.DirectCall`): the observer's own cost, apart from the cheaper
+  dispatch;
 - `plain loop`: the same step returning only its loss: what training accuracy costs besides;
 - `plain loop, plain pipeline`: that loop over `from_tensor_slices -> shuffle(1024) ->
   batch -> prefetch(AUTOTUNE)`: the pipeline alone compared, loop held fixed.

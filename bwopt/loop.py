@@ -14,8 +14,9 @@ n's `next()` overlap step n-1's device work, so the input wait would no longer b
 stood still, and each compute time would hold its neighbour's; the partition of the step
 (bwopt.measure.timing) would lose its meaning. What the loop costs was measured against a
 hand-written loop (benchmarks/vs_plain_loop.py, README there): on CPU, where the results stay
-tensors until the hooks read many steps' at once, ~3 % of a 0.65 ms step (MLP 128) in paired
-steps, 2026-12-04; a read every step cost ~2 % more. Where that matters, the cure keeps the
+tensors until the hooks read many steps' at once, ~5 % of a 0.7 ms step (MLP 128) in paired
+steps against a plain loop that calls its step as directly (bwopt.train.DirectCall), 1 % on
+MLP 512-512 and a small CNN, 2026-12-04; a read every step cost ~2 % more. Where that matters, the cure keeps the
 figures true: `train.steps_per_execution=N` pays the loop once per N steps.
 
 Everything else a run does around its steps (the step timer, the progress bar, the profiler, the
