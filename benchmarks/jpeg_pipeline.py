@@ -27,8 +27,8 @@ bwopt's pipeline does the same work with less CPU. Both pipelines keep the 2 cor
 throughput is the cores over the CPU per example; the CPU figure barely moves with the machine's
 speed from one second to the next, which swings single rounds' throughput ratios by ±40 % here.
 Target: bwopt fused / hand-written >= 0.98 (met, missed or within noise of it, by the median's
-interval). No target for fused / decode-then-crop: it is what the
-optimisation buys on these small JPEGs (faster, slower or no difference detected).
+interval). No target for fused / decode-then-crop: it is what the optimisation buys on these
+small JPEGs (faster, slower or no difference detected).
 
 Run: `.venv/bin/python benchmarks/jpeg_pipeline.py [--rounds N]` (7 rounds, about 70-100 s on 2 cores);
 `BWOPT_BENCHMARK_SMOKE=1` runs one short round (the smoke test).

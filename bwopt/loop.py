@@ -16,8 +16,8 @@ stood still, and each compute time would hold its neighbour's; the partition of 
 hand-written loop (benchmarks/vs_plain_loop.py, README there): on CPU, where the results stay
 tensors until the hooks read many steps' at once, ~5 % of a 0.7 ms step (MLP 128) in paired
 steps against a plain loop that calls its step as directly (bwopt.train.DirectCall), 1 % on
-MLP 512-512 and a small CNN, 2026-12-04; a read every step cost ~2 % more. Where that matters, the cure keeps the
-figures true: `train.steps_per_execution=N` pays the loop once per N steps.
+MLP 512-512 and a small CNN, 2026-12-04; a read every step cost ~2 % more. Where that matters,
+the cure keeps the figures true: `train.steps_per_execution=N` pays the loop once per N steps.
 
 Everything else a run does around its steps (the step timer, the progress bar, the profiler, the
 epoch log, the stop check) is a `Hook`, called outside the timed part of a step, in the spirit of

@@ -104,6 +104,9 @@ STRATEGIES = {
 }
 # Built from the cluster's resolver, before the devices are read back.
 MULTI_PROCESS = ("multi_worker_mirrored", "parameter_server")
+# Strategies whose steps must stay `tf.function`s (bwopt.train.DirectCall is off): a coordinator
+# schedules parameter_server's, and a TPU's run only as TensorFlow compiles them for it.
+TF_FUNCTION_STEPS = ("parameter_server", "tpu")
 
 
 def build_strategy(config, devices: Optional[DeviceSetup], resolver=None):

@@ -143,6 +143,7 @@ class Workload:
 
     def _step_functions(self):
         """The compiled distributed train and evaluation steps; parameter_server schedules one step at a time."""
+        from bwopt.strategies import TF_FUNCTION_STEPS
         from bwopt.train import StepSettings, make_step_functions
 
         config = self.config
@@ -153,7 +154,7 @@ class Workload:
             config.device.jit_compile,
             step_compute_s=self.source.step_compute_s,
             steps_per_execution=per_execution,
-            direct_calls=config.strategy.name not in ("parameter_server", "tpu"),
+            direct_calls=config.strategy.name not in TF_FUNCTION_STEPS,
         )
         return make_step_functions(self.strategy, self.model, self.optimizer, settings)
 

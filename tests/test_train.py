@@ -58,11 +58,11 @@ def test_steps_called_through_their_concrete_functions_train_the_same_and_take_a
         sums = [read_sums(steps.train_step(batch)) for batch in batches(16, 6)]
         trained[direct] = (np.array(sums), [weight.numpy() for weight in model.weights])
     (direct_sums, direct_weights), (sums, weights) = trained[True], trained[False]
-    # `steps` now calls its functions directly.
     np.testing.assert_array_equal(direct_sums, sums)  # the same graph, the same numbers
     for direct_weight, weight in zip(direct_weights, weights):
         np.testing.assert_array_equal(direct_weight, weight)
-    # Validation batches of 16 and a last one of 8, twice: each signature traced once, kept.
+    # `steps` (the last built) calls directly. Validation batches of 16 and a last one of 8,
+    # twice: each signature traced once and kept.
     validation = batches(8, 5)
     unbatched = validation.unbatch().batch(16)  # 16, 16, 8
     first, second = evaluate(steps, unbatched), evaluate(steps, unbatched)
