@@ -94,10 +94,11 @@ class Run:
 
         self.output_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self.tracker = build_tracker(self.config.tracking)
+            self.tracker.check()  # a store that cannot work ends the run in a second, before TensorFlow loads
             self.workload.prepare()
             self._find_stopped_run()
             STOP.check()  # a signal during the set-up: no MLflow run is made only to be marked KILLED
-            self.tracker = build_tracker(self.config.tracking)
             resumed = self.resume_state.run_id if self.resume_state else None
             params = flatten(self.resolved)
             self.run_id = self.tracker.start(params, {"mode": self.config.mode}, self.overrides, resumed)

@@ -196,6 +196,33 @@ def test_an_unreachable_service_ends_at_once_with_code_3_and_leaves_no_run(tmp_p
     assert "Traceback" not in result.stderr and not (tmp_path / "outputs" / "mlflow.db").exists()
 
 
+@pytest.mark.slow  # fresh processes
+def test_a_store_that_cannot_work_ends_the_run_before_tensorflow_is_imported(tmp_path):
+    """A server that does not answer, or a sqlite file that cannot be made: one line, code 3, and
+    TensorFlow (about 5 s to import) never loaded: the store is checked before the workload."""
+    from conftest import free_port
+
+    (tmp_path / "a_file").write_text("")
+    for uri, message in (
+        (f"http://127.0.0.1:{free_port()}", "the tracking server did not answer"),
+        (f"sqlite:///{tmp_path / 'a_file' / 'mlflow.db'}", "is a file, not a folder"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "bwopt", f"tracking.uri={uri}", *TEST_DEFAULTS],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        )
+        lines = result.stderr.splitlines()
+        errors = [line for line in lines if not line.startswith("import time:")]
+        assert result.returncode == 3 and len(errors) == 1, result.stderr[-2000:]
+        assert errors[0].startswith(f"bwopt: tracking.uri={uri}: ") and message in errors[0]
+        imported = {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+        assert "hydra" in imported and "tensorflow" not in imported and "mlflow" not in imported
+
+
 def test_bad_data_ends_with_one_line_and_code_2(tmp_path):
     (tmp_path / "data.tfrecord").write_bytes(b"not a TFRecord file at all")
     (tmp_path / "more.tfrecord").write_bytes(b"")

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Sequence
 from bwopt.redact import redact
 from bwopt.tracking.names import NOTE_TAG, readable_metrics, run_name, run_tags
 from bwopt.tracking.store import (
+    check_store,
     client_for,
     guarded,
     open_client,
@@ -31,6 +32,15 @@ class MlflowTracker:
         self.run_id: Optional[str] = None
         self.system_metrics = None  # MLflow's SystemMetricsMonitor, while the run lasts
         self.failures: List[str] = []  # what the store failed to take (`guarded`), in order
+
+    def check(self) -> None:
+        """Fail fast when the store cannot work (bwopt.tracking.store.check_store): it needs neither
+        MLflow nor TensorFlow, so a run checks it before either is imported.
+
+        Raises:
+            TrackingUnavailable: one line naming tracking.uri.
+        """
+        check_store(self.config.uri)
 
     def start(
         self, params: Dict[str, str], tags: Dict[str, str], overrides: Sequence[str] = (), resume: Optional[str] = None
@@ -187,6 +197,9 @@ class NoTracker:
 
     def last_logged_step(self, key: str) -> int:
         return 0
+
+    def check(self) -> None:
+        pass
 
     def start(
         self, params: Dict[str, str], tags: Dict[str, str], overrides: Sequence[str] = (), resume: Optional[str] = None
