@@ -6,6 +6,7 @@ distributed step, and the host reads the summed results once per call. The timed
 times executions, not steps (`bwopt.measure.timing` says what that means for the figures).
 """
 
+import functools
 import itertools
 import math
 import time
@@ -97,6 +98,20 @@ class DirectCall:
         return results
 
 
+def compiled(python_function: Callable, *bound, **options):
+    """`tf.function(python_function, **options)` with `bound` as its first arguments.
+
+    Made from a `functools.partial`, so that TensorFlow's retracing warning counts this function's
+    own traces: it keys its call statistics by a function's code, and the steps of every run
+    share theirs, so in a process that runs several experiments (the benchmarks, the tests, a
+    notebook) the first traces of each new run's steps read as one function retraced ("5 out of
+    the last 5 calls ... triggered tf.function retracing"). A step that really retraces still warns.
+    """
+    import tensorflow as tf
+
+    return tf.function(functools.partial(python_function, *bound), **options)
+
+
 def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> StepFunctions:
     """Distributed train and evaluation steps, each returning the vector of sums (loss, correct, examples)."""
     import keras
@@ -119,9 +134,7 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
         loss_sum = tf.cast(tf.reduce_sum(losses), tf.float32)
         return tf.stack([loss_sum, correct, tf.cast(tf.shape(labels)[0], tf.float32)])
 
-    # XLA compiles the math; the gradient all-reduce stays outside the compiled function.
-    @tf.function(jit_compile=settings.jit_compile or None)
-    def forward_backward(features, labels):
+    def forward_backward_math(features, labels):
         with tf.GradientTape() as tape:
             logits = model(to_model_inputs(features), training=True)
             losses = per_example_loss(labels, logits)
@@ -130,6 +143,9 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
             # Identity unless a loss-scale optimizer guards float16 gradients.
             scaled_loss = optimizer.scale_loss(loss)
         return tape.gradient(scaled_loss, model.trainable_variables), sums(labels, logits, losses)
+
+    # XLA compiles the math; the gradient all-reduce stays outside the compiled function.
+    forward_backward = compiled(forward_backward_math, jit_compile=settings.jit_compile or None)
 
     def replica_train(features, labels):
         gradients, replica_sums = forward_backward(features, labels)
@@ -151,14 +167,15 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_fn, args=batch), axis=None)
 
     def reduced(replica_fn):
-        return tf.function(lambda batch: reduced_sums(replica_fn, batch))
+        return compiled(reduced_sums, replica_fn)
 
-    @tf.function
-    def train_execution(iterator):
+    def execution(iterator):
         totals = tf.zeros([3])
         for _ in tf.range(steps_per_execution):
             totals += reduced_sums(replica_train, next(iterator))
         return totals
+
+    train_execution = compiled(execution)
 
     direct = DirectCall if settings.direct_calls else (lambda function: function)
     return StepFunctions(

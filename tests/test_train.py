@@ -70,6 +70,32 @@ def test_steps_called_through_their_concrete_functions_train_the_same_and_take_a
     assert evaluate(steps, validation)["val_loss"] == pytest.approx(first["val_loss"], rel=1e-6)
 
 
+@pytest.mark.slow  # eight builds and their traces: seconds
+def test_runs_in_one_process_trace_their_steps_without_the_retracing_warning_that_a_real_retrace_gets():
+    """TensorFlow counts traces by a function's code; each run's steps are new functions of the
+    same code, so runs in one process (benchmarks, a notebook) once read as a step retraced."""
+    import io
+    import logging
+
+    import tensorflow as tf
+
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    tf.get_logger().addHandler(handler)
+    try:
+        strategy = tf.distribute.get_strategy()
+        for _ in range(8):  # the warning comes at the 5th traced call
+            _, steps = build(strategy, 8)
+            for batch in batches(8, 2):
+                steps.train_step(batch), steps.evaluate_step(batch), steps.empty_step(batch)
+        assert "triggered tf.function retracing" not in log.getvalue()
+        for size in range(1, 12):  # one step, eleven batch sizes: retraced, and told so
+            steps.evaluate_step(next(iter(batches(size, 1))))
+        assert "triggered tf.function retracing" in log.getvalue()
+    finally:
+        tf.get_logger().removeHandler(handler)
+
+
 def test_two_replicas_sum_to_the_global_batch(devices):
     import tensorflow as tf
 
