@@ -73,13 +73,14 @@ def _forward_pass(model, feature_scale: float):
     import keras
     import tensorflow as tf
 
+    from bwopt.train import compiled
+
     compute_dtype = keras.mixed_precision.global_policy().compute_dtype
 
-    @tf.function
     def forward(features):
         return model(tf.cast(features, compute_dtype) * tf.cast(feature_scale, compute_dtype), training=False)
 
-    return forward
+    return compiled(forward)  # one trace per batch size, counted as this run's (bwopt.train.compiled)
 
 
 def _input_batch(feature_shape: Sequence[int], feature_dtype: str, batch_size: int):
