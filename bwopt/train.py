@@ -98,18 +98,21 @@ class DirectCall:
         return results
 
 
-def compiled(python_function: Callable, *bound, **options):
-    """`tf.function(python_function, **options)` with `bound` as its first arguments.
+def compiled(name: str, python_function: Callable, *bound, **options):
+    """`tf.function(python_function, **options)` named `name`, with `bound` as its first arguments.
 
     Made from a `functools.partial`, so that TensorFlow's retracing warning counts this function's
     own traces: it keys its call statistics by a function's code, and the steps of every run
     share theirs, so in a process that runs several experiments (the benchmarks, the tests, a
     notebook) the first traces of each new run's steps read as one function retraced ("5 out of
     the last 5 calls ... triggered tf.function retracing"). A step that really retraces still warns.
+    The name is what its graphs are called (`__inference_train_step_123` in a profile).
     """
     import tensorflow as tf
 
-    return tf.function(functools.partial(python_function, *bound), **options)
+    function = functools.partial(python_function, *bound)
+    function.__name__ = name
+    return tf.function(function, **options)
 
 
 def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> StepFunctions:
@@ -145,7 +148,7 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
         return tape.gradient(scaled_loss, model.trainable_variables), sums(labels, logits, losses)
 
     # XLA compiles the math; the gradient all-reduce stays outside the compiled function.
-    forward_backward = compiled(forward_backward_math, jit_compile=settings.jit_compile or None)
+    forward_backward = compiled("forward_backward", forward_backward_math, jit_compile=settings.jit_compile or None)
 
     def replica_train(features, labels):
         gradients, replica_sums = forward_backward(features, labels)
@@ -166,8 +169,8 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
     def reduced_sums(replica_fn, batch):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_fn, args=batch), axis=None)
 
-    def reduced(replica_fn):
-        return compiled(reduced_sums, replica_fn)
+    def reduced(name, replica_fn):
+        return compiled(name, reduced_sums, replica_fn)
 
     def execution(iterator):
         totals = tf.zeros([3])
@@ -175,13 +178,13 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
             totals += reduced_sums(replica_train, next(iterator))
         return totals
 
-    train_execution = compiled(execution)
+    train_execution = compiled("train_execution", execution)
 
     direct = DirectCall if settings.direct_calls else (lambda function: function)
     return StepFunctions(
-        train_step=direct(reduced(replica_train)),
-        evaluate_step=direct(reduced(replica_evaluate)),
-        empty_step=direct(reduced(replica_empty)),
+        train_step=direct(reduced("train_step", replica_train)),
+        evaluate_step=direct(reduced("evaluate_step", replica_evaluate)),
+        empty_step=direct(reduced("empty_step", replica_empty)),
         train_execution=direct(train_execution) if steps_per_execution > 1 else None,
         steps_per_execution=steps_per_execution,
         read_each_step=not calls_return_when_done(),

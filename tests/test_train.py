@@ -89,6 +89,8 @@ def test_runs_in_one_process_trace_their_steps_without_the_retracing_warning_tha
             for batch in batches(8, 2):
                 steps.train_step(batch), steps.evaluate_step(batch), steps.empty_step(batch)
         assert "triggered tf.function retracing" not in log.getvalue()
+        graph_name = steps.train_step.function.get_concrete_function(batch).name.decode()
+        assert graph_name.startswith("__inference_train_step_"), graph_name  # how a profile names it
         for size in range(1, 12):  # one step, eleven batch sizes: retraced, and told so
             steps.evaluate_step(next(iter(batches(size, 1))))
         assert "triggered tf.function retracing" in log.getvalue()

@@ -80,7 +80,7 @@ def _forward_pass(model, feature_scale: float):
     def forward(features):
         return model(tf.cast(features, compute_dtype) * tf.cast(feature_scale, compute_dtype), training=False)
 
-    return compiled(forward)  # one trace per batch size, counted as this run's (bwopt.train.compiled)
+    return compiled("forward", forward)  # one trace per batch size, counted as this run's (bwopt.train.compiled)
 
 
 def _input_batch(feature_shape: Sequence[int], feature_dtype: str, batch_size: int):
