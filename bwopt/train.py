@@ -169,9 +169,6 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
     def reduced_sums(replica_fn, batch):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_fn, args=batch), axis=None)
 
-    def reduced(name, replica_fn):
-        return compiled(name, reduced_sums, replica_fn)
-
     def execution(iterator):
         totals = tf.zeros([3])
         for _ in tf.range(steps_per_execution):
@@ -182,9 +179,9 @@ def make_step_functions(strategy, model, optimizer, settings: StepSettings) -> S
 
     direct = DirectCall if settings.direct_calls else (lambda function: function)
     return StepFunctions(
-        train_step=direct(reduced("train_step", replica_train)),
-        evaluate_step=direct(reduced("evaluate_step", replica_evaluate)),
-        empty_step=direct(reduced("empty_step", replica_empty)),
+        train_step=direct(compiled("train_step", reduced_sums, replica_train)),
+        evaluate_step=direct(compiled("evaluate_step", reduced_sums, replica_evaluate)),
+        empty_step=direct(compiled("empty_step", reduced_sums, replica_empty)),
         train_execution=direct(train_execution) if steps_per_execution > 1 else None,
         steps_per_execution=steps_per_execution,
         read_each_step=not calls_return_when_done(),
