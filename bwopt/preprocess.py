@@ -127,7 +127,8 @@ def image_identity(encoded):
 
 
 def element_seeds(identity, epoch, seed: int):
-    """int64 [2, 2]: the stateless seeds of one image's crop ([0]) and flip ([1]).
+    """int64 [2, 2]: the stateless seeds of one image's crop ([0]) and flip ([1]):
+    `identity_seeds(identity) + epoch_seeds(epoch, seed)`, [[identity, stream], [~identity, stream]].
 
     Made from the image's identity (an int64 scalar, `image_identity`), the epoch (an int64
     scalar) and the run's seed (its low 32 bits), so they depend on which image it is and when,
@@ -136,12 +137,32 @@ def element_seeds(identity, epoch, seed: int):
     strong), and two distinct pairs give independent draws. Deriving them with stateless_fold_in
     and stateless_split instead cost ~6 % of the whole preprocessing (benchmarks/jpeg_pipeline.py).
     """
+    return identity_seeds(identity) + epoch_seeds(epoch, seed)
+
+
+def identity_seeds(identity):
+    """int64 [..., 2, 2]: the image's part of its seeds, [[identity, 0], [~identity, 0]], for
+    identities of any shape: the pipeline works out a folder's once, for all its files, as the
+    file list's part of each element (bwopt.pipeline.image_file_elements)."""
     import tensorflow as tf
 
     identity = tf.cast(identity, tf.int64)
+    zero = tf.zeros_like(identity)
+    return tf.stack([tf.stack([identity, zero], -1), tf.stack([tf.bitwise.invert(identity), zero], -1)], -2)
+
+
+def epoch_seeds(epoch, seed: int):
+    """int64 [..., 2, 2]: the epoch's part of the seeds, [[0, stream], [0, stream]] with stream =
+    epoch << 32 ^ the seed's low 32 bits, for epochs of any shape: the pipeline works them out for
+    a block of positions at a time (bwopt.pipeline.Maps.position_keys), since each operation a
+    per-element map runs costs about a microsecond per image."""
+    import tensorflow as tf
+
     epoch_bits = tf.bitwise.left_shift(tf.cast(epoch, tf.int64), tf.constant(32, tf.int64))
     stream = tf.bitwise.bitwise_xor(epoch_bits, tf.constant(seed & 0xFFFFFFFF, tf.int64))
-    return tf.stack([tf.stack([identity, stream]), tf.stack([tf.bitwise.invert(identity), stream])])
+    zero = tf.zeros_like(stream)
+    pair = tf.stack([zero, stream], -1)
+    return tf.stack([pair, pair], -2)
 
 
 def decoded_resized(encoded, decoding: Decoding):

@@ -17,6 +17,8 @@ from bwopt.preprocess import (
     center_window,
     decode_window,
     element_seeds,
+    epoch_seeds,
+    identity_seeds,
     image_identity,
     random_window,
     randomly_cropped,
@@ -141,6 +143,37 @@ def test_an_images_seeds_depend_on_its_identity_the_epoch_and_the_run_seed_only(
     assert len({tuple(pair.reshape(-1)) for pair in seeds.values()}) == len(seeds)  # each its own
     again = element_seeds(image_identity(tf.constant(jpegs[0])), tf.constant(0, tf.int64), 0)
     assert np.array_equal(again, first)  # the same bytes, the same seeds, every call
+
+
+def test_an_images_seeds_are_its_identity_and_the_epoch_stream_whichever_way_they_are_worked_out():
+    """[[identity, stream], [~identity, stream]], stream = epoch << 32 ^ the seed's low 32 bits:
+    element by element, and from the two parts the pipeline works out apart, each for many at once."""
+    identities, epochs = np.array([0, 5, -3, 2**40 + 7], np.int64), np.array([0, 1, 2, 2**20], np.int64)
+    for seed in (0, 7, 2**33 + 1):
+        streams = (epochs << 32) ^ (seed & 0xFFFFFFFF)
+        expected = np.stack([np.stack([identities, streams], -1), np.stack([~identities, streams], -1)], -2)
+        apart = identity_seeds(identities) + epoch_seeds(epochs, seed)
+        assert np.array_equal(apart, expected)
+        for index in range(len(identities)):
+            one = element_seeds(tf.constant(identities[index]), tf.constant(epochs[index]), seed)
+            assert np.array_equal(one, expected[index])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallelism", ["1", "4"])
+def test_a_folders_training_images_are_its_files_cropped_with_their_own_seeds(parallelism, tmp_path):
+    """Two epochs of a folder read in order: image i of epoch e is `randomly_cropped` of file i's
+    bytes with element_seeds(i, e, seed), worked out here image by image."""
+    seed, count = 3, 12
+    pipeline = image_pipeline("shuffle_buffer=0", f"map_parallelism={parallelism}", seed=seed, folder=tmp_path)
+    read = np.concatenate([features.numpy() for features, _ in pipeline.take(2 * count // 4)])
+    files = sorted(tmp_path.iterdir())
+    decoding = Decoding(SIZE, True, jpeg_only=True)
+    for position, image in enumerate(read):
+        epoch, index = divmod(position, count)
+        seeds = element_seeds(tf.constant(index, tf.int64), tf.constant(epoch, tf.int64), seed)
+        expected = randomly_cropped(tf.constant(files[index].read_bytes()), seeds, decoding)
+        assert np.array_equal(image, tf.cast(expected, image.dtype)), (epoch, index)
 
 
 @pytest.mark.slow
