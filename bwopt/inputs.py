@@ -227,7 +227,7 @@ class Inputs:
             num_pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
         elements = self.elements(training, num_pipelines, pipeline_id)
         service = self.service if training and through_service else None
-        pipeline = self.pipeline_config(training, num_pipelines, pipeline_id)
+        pipeline = self.pipeline_config(training, num_pipelines, pipeline_id, elements.element_spec)
         if self.source.encoded_images:
             return build_image_dataset(
                 pipeline,
@@ -248,9 +248,10 @@ class Inputs:
             service=service,
         )
 
-    def pipeline_config(self, training: bool, num_pipelines: int, pipeline_id: int):
+    def pipeline_config(self, training: bool, num_pipelines: int, pipeline_id: int, element_spec):
         """The pipeline config of one input pipeline: a file cache's prefix carries the key of what it
-        holds (bwopt.disk.cache_prefix), so a cache another config wrote is never read."""
+        holds (bwopt.disk.cache_prefix), so a cache another config wrote is never read.
+        `element_spec`: the elements' (tf.data.Dataset.element_spec), part of the key."""
         import sys
 
         from bwopt.disk import cache_prefix, remove_partial_cache
@@ -258,7 +259,7 @@ class Inputs:
         pipeline = self.config.pipeline
         if not training or pipeline.cache != "file":
             return pipeline
-        prefix = cache_prefix(pipeline.cache_path, self.cache_identity(num_pipelines, pipeline_id))
+        prefix = cache_prefix(pipeline.cache_path, self.cache_identity(num_pipelines, pipeline_id, element_spec))
         if remove_partial_cache(prefix):
             print(
                 f"bwopt: removed the unfinished file cache {prefix}* (pipeline.cache_path): a run "
@@ -267,10 +268,13 @@ class Inputs:
             )
         return replace(pipeline, cache_path=prefix)
 
-    def cache_identity(self, num_pipelines: int, pipeline_id: int) -> dict:
+    def cache_identity(self, num_pipelines: int, pipeline_id: int, element_spec) -> dict:
         """What decides the elements a file cache holds: the data's config, split and seed, the
-        training examples (indices) or files (path, size, time), this pipeline's shard, and the
-        settings applied before the cache (the cast, the deterministic image preprocessing)."""
+        training examples (indices) or files (path, size, time), this pipeline's shard, the
+        settings applied before the cache (the cast, the deterministic image preprocessing), and
+        the elements' structure: tf.data reads a cache back without checking it, so a cache of
+        another layout (an image's identity as a scalar, say, where the seeds' [2, 2] part is now
+        expected) would be read silently, its values broadcast into other examples."""
         import dataclasses
         import hashlib
         import os
@@ -283,6 +287,7 @@ class Inputs:
             "pipeline": [pipeline.transfer_dtype, pipeline.vectorized_map, pipeline.preprocess],
             "image": [pipeline.fused_decode_crop] if self.source.encoded_images else [],
             "shard": [pipeline_id, num_pipelines],
+            "elements": repr(element_spec),
         }
         if self.input_plan.train_indices is not None:
             identity["indices"] = hashlib.sha256(np.asarray(self.input_plan.train_indices).tobytes()).hexdigest()

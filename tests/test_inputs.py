@@ -206,6 +206,24 @@ def test_a_file_cache_is_keyed_by_the_split_and_never_read_by_another(tmp_path, 
     assert sorted(cache.parent.glob("train-*.index")) == first and [p.stat().st_mtime_ns for p in first] == stamps
 
 
+def test_a_file_cache_of_elements_laid_out_otherwise_is_never_read(tmp_path):
+    """tf.data reads a cache back without checking its elements: a cache of image elements whose
+    identity was a scalar, read where the seeds' [2, 2] part is expected, would broadcast it into
+    other crops. The layout is part of the cache's key."""
+    import tensorflow as tf
+
+    from bwopt.inputs import Inputs
+
+    config = validate(compose_config(["pipeline.cache=file", f"pipeline.cache_path={tmp_path / 'train'}"]))
+    source = load_digits()
+    inputs = Inputs(config, source, plan(config, source))
+    scalar = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64))
+    seeds = (*scalar[:2], tf.TensorSpec([2, 2], tf.int64))
+    prefixes = {spec: inputs.pipeline_config(True, 1, 0, spec).cache_path for spec in (scalar, seeds)}
+    assert prefixes[scalar] != prefixes[seeds]
+    assert inputs.pipeline_config(True, 1, 0, seeds).cache_path == prefixes[seeds]  # the same layout: the same cache
+
+
 @pytest.mark.slow  # trains once
 def test_an_unfinished_file_cache_is_removed_and_written_afresh(tmp_path, run_experiment, capfd):
     cache = tmp_path / "train"
