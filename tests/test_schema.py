@@ -227,6 +227,60 @@ def test_values_that_used_to_get_through_are_rejected(overrides, message):
         validate(compose_config(overrides))
 
 
+RANDOM_IMAGES = ["data=sample_images", "pipeline.preprocess=imagenet", "pipeline.vectorized_map=false"]
+TWO_WORKERS = ["strategy=multi_worker_mirrored", "cluster=local"]
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            [*RANDOM_IMAGES, "pipeline.service.mode=local", "pipeline.service.processing_mode=dynamic"],
+            "pipeline.service.processing_mode=dynamic with pipeline.preprocess=imagenet: the service would split",
+        ),
+        (
+            ["pipeline.augment_repeats=2", "pipeline.service.mode=local", "pipeline.service.processing_mode=file"],
+            "pipeline.service.processing_mode=file with pipeline.augment_repeats=2",
+        ),
+        (
+            [*RANDOM_IMAGES, "pipeline.service.mode=local", "pipeline.service.processing_mode=distributed_epoch"],
+            "use parallel_epochs or data",
+        ),
+        (
+            [*RANDOM_IMAGES, *TWO_WORKERS, "pipeline.distribute.auto_shard_policy=FILE"],
+            "pipeline.distribute.auto_shard_policy=FILE with pipeline.preprocess=imagenet: the stream positions",
+        ),
+    ],
+)
+def test_a_split_that_would_part_random_draws_from_their_keys_is_refused(overrides, message):
+    """A random stage's draws are keyed by the element's position in the stream: sharding that hands
+    the positions out apart from the examples (dynamic splits), or by file, is refused."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(compose_config(overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [*RANDOM_IMAGES, "pipeline.service.mode=local", "pipeline.service.processing_mode=parallel_epochs"],
+        [*RANDOM_IMAGES, "pipeline.service.mode=local", "pipeline.service.processing_mode=data"],
+        [*RANDOM_IMAGES, *TWO_WORKERS, "pipeline.distribute.auto_shard_policy=AUTO"],
+        [*RANDOM_IMAGES, "pipeline.distribute.auto_shard_policy=FILE"],  # one worker: nothing is sharded
+        ["pipeline.service.mode=local", "pipeline.service.processing_mode=dynamic"],  # no random stage
+        [*TWO_WORKERS, "pipeline.distribute.auto_shard_policy=FILE"],
+    ],
+)
+def test_sharding_that_keeps_random_draws_with_their_keys_is_accepted(overrides):
+    validate(compose_config(overrides))
+
+
+def test_the_random_preprocessings_are_those_with_a_random_training_stage():
+    from bwopt.preprocess import PREPROCESSINGS as BUILDERS
+    from bwopt.schema.pipeline import RANDOM_PREPROCESSINGS
+
+    assert set(RANDOM_PREPROCESSINGS) == {name for name, (_, random) in BUILDERS.items() if random is not None}
+
+
 def test_two_runs_in_the_same_second_get_folders_of_their_own():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf

@@ -65,6 +65,7 @@ from bwopt.schema.pipeline import (
     PipelineConfig,
     SnapshotConfig,
     TFRecordConfig,
+    random_stages,
 )
 from bwopt.schema.sweep import SweepConfig
 from bwopt.schema.tracking import MlflowTracking, NoTracking, TrackingConfig
@@ -307,6 +308,7 @@ def check_valid_combination(config: Config) -> None:
         )
     check_data_combination(config)
     check_cluster(config)
+    check_random_stages_shard(config)
     if config.num_replicas:
         check_batch_divisible(config, config.num_replicas)
     if config.mode != "train" and config.measure.ceilings:
@@ -315,6 +317,19 @@ def check_valid_combination(config: Config) -> None:
         raise ConfigError("mode=inference needs measure.inference_batch_sizes, e.g. [1,32,256]")
     if config.mode == "input" and config.measure.inference_batch_sizes:
         raise ConfigError("measure.inference_batch_sizes needs mode=train or mode=inference, not mode=input")
+
+
+def check_random_stages_shard(config: Config) -> None:
+    """Across workers, tf.data shards the training pipeline by its sources (auto_shard_policy):
+    the stream positions that key a random stage's draws (bwopt.pipeline) are read from no file."""
+    stages = random_stages(config.pipeline)
+    policy = config.pipeline.distribute.auto_shard_policy
+    if stages and policy == "FILE" and config.strategy.name in MULTI_PROCESS_STRATEGIES:
+        raise ConfigError(
+            f"pipeline.distribute.auto_shard_policy=FILE with {' and '.join(stages)}: the stream positions that "
+            f"key the random draws come from no file, so tf.data cannot shard them by file across "
+            f"strategy={config.strategy.name}'s workers; use AUTO or DATA"
+        )
 
 
 def check_cluster(config: Config) -> None:

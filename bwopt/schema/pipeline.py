@@ -17,8 +17,14 @@ from bwopt.schema.checks import (
 
 # --- pipeline ---------------------------------------------------------------
 
-# How encoded images are preprocessed (bwopt.preprocess builds each).
+# How encoded images are preprocessed (bwopt.preprocess builds each), and those whose training
+# stage draws at random.
 PREPROCESSINGS = ("none", "imagenet")
+RANDOM_PREPROCESSINGS = ("imagenet",)
+# Service sharding that hands each source of the pipeline to the workers apart (dynamic splits) or
+# needs every source to read files (file): the stream positions that key the random stages would
+# not follow the examples, or could not be sharded.
+SOURCES_APART = ("distributed_epoch", "dynamic", "file")
 
 AUTO_SHARD_POLICIES = ("AUTO", "OFF", "FILE", "DATA", "HINT")
 # How elements travel from tf.data service workers to the trainer (bwopt.data.service maps each).
@@ -210,3 +216,23 @@ class PipelineConfig:
                 "sizes cannot be batched before it, as pipeline.vectorized_map=true would; set "
                 "pipeline.vectorized_map=false"
             )
+        self._check_random_stages_keep_their_keys()
+
+    def _check_random_stages_keep_their_keys(self) -> None:
+        """A random stage draws from the image's (or example's) identity and its epoch, the latter
+        from the element's position in the repeated stream (bwopt.pipeline), so the positions must
+        stay with the elements wherever the service splits the pipeline."""
+        stages = random_stages(self)
+        mode = self.service.processing_mode
+        if stages and self.service.mode != "off" and mode in SOURCES_APART:
+            raise ConfigError(
+                f"pipeline.service.processing_mode={mode} with {' and '.join(stages)}: the service would split "
+                "the examples and the stream positions that key their random draws apart, so a draw would "
+                "depend on the worker that made it; use parallel_epochs or data"
+            )
+
+
+def random_stages(pipeline: "PipelineConfig") -> list:
+    """The settings that put a random stage in the training pipeline, as key=value."""
+    stages = [f"pipeline.preprocess={pipeline.preprocess}"] if pipeline.preprocess in RANDOM_PREPROCESSINGS else []
+    return stages + ([f"pipeline.augment_repeats={pipeline.augment_repeats}"] if pipeline.augment_repeats else [])
