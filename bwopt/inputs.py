@@ -209,9 +209,17 @@ class Inputs:
             dataset = self.source.train if training else self.source.validation
             return dataset.shard(num_pipelines, pipeline_id) if num_pipelines > 1 else dataset
         files = self.source.train_files if training else self.source.validation_files
-        if len(files) >= num_pipelines:
-            return file_elements(pipeline, files[pipeline_id::num_pipelines], self.source.open_file)
-        return file_elements(pipeline, files, self.source.open_file).shard(num_pipelines, pipeline_id)
+        if len(files) < num_pipelines:
+            return file_elements(pipeline, files, self.source.open_file).shard(num_pipelines, pipeline_id)
+        files = files[pipeline_id::num_pipelines]
+        elements = file_elements(pipeline, files, self.source.open_file)
+        if self.source.count_examples is None:
+            return elements
+        # A random stage needs the examples per pass (bwopt.pipeline.epoch_size): told here, they
+        # are not counted by reading every record through the pipeline at each build.
+        import tensorflow as tf
+
+        return elements.apply(tf.data.experimental.assert_cardinality(self.source.count_examples(files)))
 
     def dataset(self, training: bool, input_context=None, through_service: bool = True):
         """Batches for one input pipeline: global batches, or per-replica ones under a context.

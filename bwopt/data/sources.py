@@ -65,6 +65,8 @@ class FileSource:
         num_train_examples, num_validation_examples: examples in each set of files.
         step_compute_s: extra time each train step spends (the artificial workload).
         encoded_images: examples hold encoded images, which the pipeline decodes to `feature_shape`.
+        count_examples: files -> the examples they hold, known without reading them again (TFRecord
+            files' remembered record counts); None when only a pass over them would tell.
     """
 
     train_files: List[str]
@@ -79,6 +81,7 @@ class FileSource:
     step_compute_s: float = 0.0
     value_range: Optional[Tuple[float, float]] = None
     encoded_images: bool = False
+    count_examples: Optional[Callable[[List[str]], int]] = None
 
 
 def load_digits() -> ArraySource:
@@ -223,6 +226,8 @@ def load_tfrecord(config, seed: int, validation_fraction: float) -> FileSource:
         count(validation_files),
         value_range=(0.0, 255.0) if config.format == "image" else None,
         encoded_images=config.format == "image",
+        # Skipped records would make fewer examples than records.
+        count_examples=None if config.skip_bad_records else count,
     )
 
 

@@ -224,6 +224,28 @@ def test_jpeg_records_in_model_gardens_layout_are_decoded_in_the_pipeline(tmp_pa
     assert next(iter(inputs.dataset(training=True)))[0].shape == (4, 10, 12, 3)
 
 
+@pytest.mark.slow
+def test_jpeg_records_tell_the_pipeline_their_count_without_a_pass_over_them(tmp_path):
+    """A random stage needs the examples per pass: the files' remembered record counts give it, so
+    a build reads no record (a pass over ImageNet's 1.28 M would cost each run tens of seconds);
+    with skip_bad_records, which can drop records, the count is left to a pass."""
+    from bwopt.pipeline import epoch_size
+
+    for index in range(3):
+        image_records(tmp_path / "records" / f"train-{index}.tfrecord", [0, 1, 2, index])
+    for skip, expected in ((False, 8), (True, -2)):  # -2: tf.data.UNKNOWN_CARDINALITY
+        config = jpeg_records_config(
+            tmp_path / "records",
+            "pipeline.preprocess=imagenet",
+            "pipeline.vectorized_map=false",
+            f"data.skip_bad_records={str(skip).lower()}",
+        )
+        source = load_source(config.data, config.seed, config.split.validation_fraction)
+        elements = Inputs(config, source, plan(config, source)).elements(training=True)
+        assert int(elements.cardinality()) == expected
+        assert epoch_size(elements) == 8 and sum(1 for _ in elements) == 8
+
+
 @pytest.mark.parametrize(
     "overrides,message",
     [
