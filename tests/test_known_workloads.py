@@ -342,7 +342,8 @@ def test_a_tiny_step_on_ready_batches_is_host_overhead_bound_and_fusing_steps_cu
     # Fused, the host's cost is paid once per 8 steps: faster (observed 1.5-3x here, where the
     # cached pipeline then becomes the limit); on a loaded machine only "faster" is asserted.
     fused = run_experiment(*TINY_STEP, "train.steps_per_execution=8").figures
-    assert fused.throughput_examples_per_s > figures.throughput_examples_per_s
+    ratio = fused.throughput_examples_per_s / figures.throughput_examples_per_s
+    known_answer(ratio > 1, f"fused / one step a call: throughput {ratio:.2f}, under 1")
     assert fused.host_overhead_fraction < figures.host_overhead_fraction
     # The verdict: with both cores busy, making the ready batches takes a core from the loop and the
     # stall's interval reaches 20 % ("mixed: input stall 19-21 %, host overhead 40-43 %").
