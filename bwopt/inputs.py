@@ -197,6 +197,10 @@ class Inputs:
                 pipeline.tfrecord.buffer_size_bytes,
                 pipeline.map_parallelism,
             )
+            if num_pipelines == 1:  # all of the shards: their count is known (see the file sources below)
+                import tensorflow as tf
+
+                return dataset.apply(tf.data.experimental.assert_cardinality(files.num_examples))
             return dataset if len(files.paths) >= num_pipelines else dataset.shard(num_pipelines, pipeline_id)
         if isinstance(self.source, (ArraySource, ImageFileSource)):
             indices = self.input_plan.train_indices if training else self.input_plan.validation_indices

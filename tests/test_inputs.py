@@ -224,6 +224,19 @@ def test_a_file_cache_of_elements_laid_out_otherwise_is_never_read(tmp_path):
     assert inputs.pipeline_config(True, 1, 0, seeds).cache_path == prefixes[seeds]  # the same layout: the same cache
 
 
+def test_materialised_tfrecords_tell_the_pipeline_their_count(tmp_path):
+    """One pipeline reads every shard bwopt wrote: their count is known, so no pass counts them."""
+    from bwopt.inputs import Inputs
+    from bwopt.pipeline import epoch_size
+
+    config = validate(compose_config(["pipeline.tfrecord.enabled=true", f"pipeline.tfrecord.directory={tmp_path}"]))
+    source = load_digits()
+    input_plan = plan(config, source)
+    elements = Inputs(config, source, input_plan).elements(training=True)
+    assert int(elements.cardinality()) == input_plan.num_train_examples == epoch_size(elements)
+    assert sum(1 for _ in elements) == input_plan.num_train_examples
+
+
 @pytest.mark.slow  # trains once
 def test_an_unfinished_file_cache_is_removed_and_written_afresh(tmp_path, run_experiment, capfd):
     cache = tmp_path / "train"
