@@ -40,7 +40,7 @@ def test_ceilings_efficiency_memory_and_recommendation_are_logged(run_experiment
     # ceilings state (a step here is about a millisecond: one descheduling moves a block by 40 %).
     compute_high = metrics["compute_ceiling_examples_per_s"] * (1 + metrics["compute_ceiling_spread"])
     assert metrics["throughput_examples_per_s"] < compute_high * 1.1
-    assert metrics["efficiency_pct"] - metrics["efficiency_spread"] < 110
+    assert metrics["efficiency_pct"] - metrics["efficiency_spread_pct"] < 110
     assert metrics["memcpy_share_pct"] == pytest.approx(
         100 * metrics["throughput_mib_per_s"] / metrics["host_memcpy_mib_per_s"]
     )

@@ -62,9 +62,12 @@ def overlapping_steps_figures(figures, measurements: Dict[str, float]):
     if figures is None or not wall_s:
         return figures
     scale = figures.timed_wall_s / wall_s
+    interval = figures.throughput_examples_per_s_ci95
     return replace(
         figures,
         timed_wall_s=wall_s,
         throughput_examples_per_s=figures.throughput_examples_per_s * scale,
         throughput_bytes_per_s=figures.throughput_bytes_per_s * scale,
+        # on the figure's scale: the blocks' spread of the steps' rate, carried to the span's
+        throughput_examples_per_s_ci95=[bound * scale for bound in interval] if interval else interval,
     )

@@ -80,7 +80,7 @@ def readable_metrics(figures: Dict[str, float]) -> Dict[str, float]:
 
 def readable_name(key: str) -> tuple:
     """(the metric's name, the factor from the figure's unit to the name's)."""
-    if key in ("efficiency", "cores_efficiency"):
+    if key in ("efficiency", "cores_efficiency", "efficiency_spread"):  # the spread in efficiency's unit
         return f"{key}_pct", 100.0
     if key.endswith("cpu_s_per_example"):
         return key.replace("cpu_s_", "cpu_ms_"), 1e3

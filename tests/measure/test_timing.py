@@ -385,3 +385,23 @@ def test_the_cpu_row_gives_the_cores_kept_busy_with_its_interval_and_the_cpu_per
     assert dict(figure_rows(figures))["cpu"] == "1.93 cores busy (95 % CI 1.90–1.95), 0.0271 CPU-ms per example"
     assert "cpu" not in dict(figure_rows({"cores_busy": None}))
     assert readable_metrics({"cpu_s_per_example": 2e-5}) == {"cpu_ms_per_example": pytest.approx(0.02)}
+
+
+def test_the_efficiencys_spread_is_logged_in_the_efficiencys_unit():
+    from bwopt.tracking import readable_metrics
+
+    logged = readable_metrics({"efficiency": 0.95, "efficiency_spread": 0.03})
+    assert logged == {"efficiency_pct": pytest.approx(95.0), "efficiency_spread_pct": pytest.approx(3.0)}
+
+
+def test_overlapping_steps_carry_their_throughputs_interval_to_the_span_they_took():
+    """Asynchronous steps' throughput is over the wall time they spanned: its interval moves with it."""
+    from bwopt.measure.overlap import ASYNC_WALL_KEY, overlapping_steps_figures
+
+    timer = StepTimer([0.001] * 40, [0.009 + 0.0005 * (index % 3) for index in range(40)])
+    figures = timing_figures(timer, StepPlan(1, 40, 0), 10, 100)
+    spanned = overlapping_steps_figures(figures, {ASYNC_WALL_KEY: figures.timed_wall_s / 4})
+    assert spanned.throughput_examples_per_s == pytest.approx(4 * figures.throughput_examples_per_s)
+    low, high = spanned.throughput_examples_per_s_ci95
+    assert low < spanned.throughput_examples_per_s < high
+    assert [low, high] == pytest.approx([4 * bound for bound in figures.throughput_examples_per_s_ci95])
