@@ -125,11 +125,13 @@ def measure_host_references(steps, ready_iterator):
     from bwopt.measure import HostReferences, dispatch_overhead_s, fetch_overhead_s, ready_execution_s
 
     read = steps.read_each_step  # timed as the loop times a step: with its read, or the call alone
-    dispatch = dispatch_overhead_s(steps.empty_step, next(ready_iterator), read=read)
+    measured = {"dispatch_overhead_s": dispatch_overhead_s(steps.empty_step, next(ready_iterator), read=read)}
     if steps.train_execution is None:
-        return HostReferences(dispatch, fetch_overhead_s=fetch_overhead_s(ready_iterator))
-    execution_s = ready_execution_s(steps.train_execution, ready_iterator, read=read)
-    return HostReferences(dispatch, ready_execution_s=execution_s)
+        measured["fetch_overhead_s"] = fetch_overhead_s(ready_iterator)
+    else:
+        measured["ready_execution_s"] = ready_execution_s(steps.train_execution, ready_iterator, read=read)
+    ranges = {name: (low, high) for name, (_, low, high) in measured.items()}
+    return HostReferences(**{name: median for name, (median, _, _) in measured.items()}, ranges=ranges)
 
 
 def measure_ceilings(workload: "Workload", train_iterator, ready_iterator) -> Dict[str, float]:

@@ -102,6 +102,17 @@ def clip_stall(sums: np.ndarray) -> np.ndarray:
     return sums
 
 
+def partition_shares(parts: Dict[str, np.ndarray]) -> Dict[str, float]:
+    """Each part's share of the step time over all steps (`PARTS`; a negative stall sum clipped)."""
+    totals = clip_stall(np.array([float(np.sum(parts[name])) for name in PARTS]))
+    return {name: float(totals[index] / totals.sum()) for index, name in enumerate(PARTS)}
+
+
+def widened(bounds: Sequence[float], values: Sequence[float]) -> List[float]:
+    """[low, high] stretched to hold every one of `values`."""
+    return [float(min(bounds[0], *values)), float(max(bounds[1], *values))]
+
+
 def step_uncertainty(
     parts: Dict[str, np.ndarray], examples_per_loop_step: float, series: Optional[Dict[str, np.ndarray]] = None
 ) -> StepUncertainty:
@@ -112,12 +123,11 @@ def step_uncertainty(
     columns += [np.asarray(values, dtype=np.float64) for values in series.values()]
     matrix = np.stack(columns, axis=1)
     num_parts = len(PARTS)
-    totals = clip_stall(matrix.sum(axis=0)[:num_parts])
     sums = block_bootstrap_sums(matrix)
     walls = sums[:, :num_parts].sum(axis=1)
     shares = clip_stall(sums[:, :num_parts]) / walls[:, None]
-    wall = float(totals.sum())
-    partition = {name: float(totals[index] / wall) for index, name in enumerate(PARTS)}
+    partition = partition_shares(parts)
+    wall = float(matrix[:, :num_parts].sum())
     series_shares = matrix[:, num_parts:].sum(axis=0) / wall
     examples = len(matrix) * examples_per_loop_step
     return StepUncertainty(

@@ -235,6 +235,34 @@ def test_with_steps_per_execution_the_stall_is_time_beyond_a_ready_execution():
     assert figures.verdict == "highly input-bound"
 
 
+def test_a_reference_whose_blocks_spread_widens_the_partition_and_the_verdict_waits_for_it():
+    """No stall at all: 300 executions of 10 ms (±1 %) on ready batches, timed against a reference
+    whose median block read 6 % low. Resampling the executions cannot see that error; the
+    reference's blocks (9.4-10.2 ms) can: the stall's interval reaches 0 and the verdict is not
+    "moderately input-bound"."""
+    rng = np.random.default_rng(0)
+    timer = StepTimer([0.0] * 300, list(0.010 * (1 + 0.01 * rng.standard_normal(300))))
+    plan = StepPlan(1, 300, 0, steps_per_execution=10)
+    bare = HostReferences(dispatch_overhead_s=0.1e-3, ready_execution_s=0.0094)
+    ranged = replace(bare, ranges={"ready_execution_s": (0.0094, 0.0102), "dispatch_overhead_s": (0.09e-3, 0.12e-3)})
+    narrow, wide = (timing_figures(timer, plan, 10, 10, references) for references in (bare, ranged))
+    assert narrow.input_stall_fraction == wide.input_stall_fraction == pytest.approx(0.06, abs=0.005)
+    assert narrow.input_stall_fraction_ci95[0] > 0.05 and narrow.verdict == "moderately input-bound"  # overconfident
+    assert wide.input_stall_fraction_ci95[0] == 0 and wide.verdict.startswith("mixed")
+    low, high = wide.host_overhead_fraction_ci95
+    assert low < 0.0092 and high > 0.0118  # the dispatch range (0.09-0.12 ms of ~10 ms) too
+
+
+def test_the_references_ranges_travel_with_them_among_a_modes_figures():
+    references = HostReferences(0.1e-3, ready_execution_s=2e-3, ranges={"ready_execution_s": (1.9e-3, 2.2e-3)})
+    figures = {**references.metrics(), "compute_ceiling_examples_per_s": 5.0}
+    assert figures["ready_execution_s_ci95_low"] == 1.9e-3 and figures["ready_execution_s_ci95_high"] == 2.2e-3
+    found, rest = HostReferences.split_from(figures)
+    assert found == references and rest == {"compute_ceiling_examples_per_s": 5.0}
+    assert references.at(0).ready_execution_s == 1.9e-3 and references.at(1).ready_execution_s == 2.2e-3
+    assert references.at(1).dispatch_overhead_s == 0.1e-3  # no range: where it is
+
+
 @pytest.mark.parametrize(
     "stall,host,verdict",
     [
