@@ -29,12 +29,12 @@ from bwopt.measure.host import (
 )
 from bwopt.measure.inference import InferenceFigures, measure_inference
 from bwopt.measure.overhead import dispatch_overhead_s, fetch_overhead_s, ready_execution_s
+from bwopt.measure.references import HostReferences
 from bwopt.measure.timing import (
     HIGHLY_INPUT_BOUND,
     HOST_OVERHEAD_BOUND,
     MAD_TO_SIGMA,
     MODERATELY_INPUT_BOUND,
-    HostReferences,
     StepPlan,
     StepTimer,
     TimingFigures,

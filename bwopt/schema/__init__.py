@@ -24,7 +24,14 @@ from bwopt.schema.checks import (
     check_fraction,
     check_int_or_autotune,
 )
-from bwopt.schema.cluster import ClusterConfig, LocalCluster, NoCluster, SlurmCluster, TFConfigCluster
+from bwopt.schema.cluster import (
+    ClusterConfig,
+    LocalCluster,
+    NoCluster,
+    SlurmCluster,
+    TFConfigCluster,
+    check_cluster,
+)
 from bwopt.schema.data import (
     DATA_SCHEMAS,
     SPLITS,
@@ -65,7 +72,7 @@ from bwopt.schema.pipeline import (
     PipelineConfig,
     SnapshotConfig,
     TFRecordConfig,
-    random_stages,
+    check_random_stages_shard,
 )
 from bwopt.schema.sweep import SweepConfig
 from bwopt.schema.tracking import MlflowTracking, NoTracking, TrackingConfig
@@ -307,8 +314,8 @@ def check_valid_combination(config: Config) -> None:
             "data.step_compute_s sleeps in Python, which XLA cannot compile; set device.jit_compile=false"
         )
     check_data_combination(config)
-    check_cluster(config)
-    check_random_stages_shard(config)
+    check_cluster(config.strategy.name, config.cluster.name, config.device.name)
+    check_random_stages_shard(config.pipeline, config.strategy.name)
     if config.num_replicas:
         check_batch_divisible(config, config.num_replicas)
     if config.mode != "train" and config.measure.ceilings:
@@ -317,36 +324,6 @@ def check_valid_combination(config: Config) -> None:
         raise ConfigError("mode=inference needs measure.inference_batch_sizes, e.g. [1,32,256]")
     if config.mode == "input" and config.measure.inference_batch_sizes:
         raise ConfigError("measure.inference_batch_sizes needs mode=train or mode=inference, not mode=input")
-
-
-def check_random_stages_shard(config: Config) -> None:
-    """Across workers, tf.data shards the training pipeline by its sources (auto_shard_policy):
-    the stream positions that key a random stage's draws (bwopt.pipeline) are read from no file."""
-    stages = random_stages(config.pipeline)
-    policy = config.pipeline.distribute.auto_shard_policy
-    if stages and policy == "FILE" and config.strategy.name in MULTI_PROCESS_STRATEGIES:
-        raise ConfigError(
-            f"pipeline.distribute.auto_shard_policy=FILE with {' and '.join(stages)}: the stream positions that "
-            f"key the random draws come from no file, so tf.data cannot shard them by file across "
-            f"strategy={config.strategy.name}'s workers; use AUTO or DATA"
-        )
-
-
-def check_cluster(config: Config) -> None:
-    """A strategy that spans processes needs a cluster, and a cluster needs such a strategy."""
-    strategy, cluster = config.strategy.name, config.cluster.name
-    if strategy in MULTI_PROCESS_STRATEGIES and cluster == "none":
-        raise ConfigError(
-            f"strategy={strategy} runs across processes and needs a cluster; "
-            "use cluster=local (bwopt starts them here), cluster=tf_config or cluster=slurm"
-        )
-    if cluster != "none" and strategy not in MULTI_PROCESS_STRATEGIES:
-        raise ConfigError(
-            f"cluster={cluster} with strategy={strategy}: a cluster needs a multi-process strategy; "
-            f"use strategy={' or strategy='.join(MULTI_PROCESS_STRATEGIES)}, or cluster=none"
-        )
-    if cluster != "none" and config.device.name == "tpu":
-        raise ConfigError(f"cluster={cluster} with device=tpu: TPU pods are reached through strategy=tpu, cluster=none")
 
 
 def check_batch_divisible(config: Config, num_replicas: int) -> None:

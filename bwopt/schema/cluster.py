@@ -6,6 +6,7 @@ from typing import Optional
 from omegaconf import MISSING
 
 from bwopt.schema.checks import ConfigError, check_at_least
+from bwopt.schema.devices import MULTI_PROCESS_STRATEGIES
 
 
 @dataclass
@@ -73,3 +74,19 @@ class SlurmCluster(ClusterConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_at_least("cluster.port_base", self.port_base, 1024)
+
+
+def check_cluster(strategy: str, cluster: str, device: str) -> None:
+    """A strategy that spans processes needs a cluster, and a cluster needs such a strategy."""
+    if strategy in MULTI_PROCESS_STRATEGIES and cluster == "none":
+        raise ConfigError(
+            f"strategy={strategy} runs across processes and needs a cluster; "
+            "use cluster=local (bwopt starts them here), cluster=tf_config or cluster=slurm"
+        )
+    if cluster != "none" and strategy not in MULTI_PROCESS_STRATEGIES:
+        raise ConfigError(
+            f"cluster={cluster} with strategy={strategy}: a cluster needs a multi-process strategy; "
+            f"use strategy={' or strategy='.join(MULTI_PROCESS_STRATEGIES)}, or cluster=none"
+        )
+    if cluster != "none" and device == "tpu":
+        raise ConfigError(f"cluster={cluster} with device=tpu: TPU pods are reached through strategy=tpu, cluster=none")

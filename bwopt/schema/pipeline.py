@@ -14,6 +14,7 @@ from bwopt.schema.checks import (
     check_choice,
     check_int_or_autotune,
 )
+from bwopt.schema.devices import MULTI_PROCESS_STRATEGIES
 
 # --- pipeline ---------------------------------------------------------------
 
@@ -236,3 +237,15 @@ def random_stages(pipeline: "PipelineConfig") -> list:
     """The settings that put a random stage in the training pipeline, as key=value."""
     stages = [f"pipeline.preprocess={pipeline.preprocess}"] if pipeline.preprocess in RANDOM_PREPROCESSINGS else []
     return stages + ([f"pipeline.augment_repeats={pipeline.augment_repeats}"] if pipeline.augment_repeats else [])
+
+
+def check_random_stages_shard(pipeline: PipelineConfig, strategy: str) -> None:
+    """Across workers, tf.data shards the training pipeline by its sources (auto_shard_policy):
+    the stream positions that key a random stage's draws (bwopt.pipeline) are read from no file."""
+    stages = random_stages(pipeline)
+    if stages and pipeline.distribute.auto_shard_policy == "FILE" and strategy in MULTI_PROCESS_STRATEGIES:
+        raise ConfigError(
+            f"pipeline.distribute.auto_shard_policy=FILE with {' and '.join(stages)}: the stream positions that "
+            f"key the random draws come from no file, so tf.data cannot shard them by file across "
+            f"strategy={strategy}'s workers; use AUTO or DATA"
+        )
