@@ -6,7 +6,7 @@ Student's t for its few degrees of freedom, and each run's own 95 % interval:
 bwopt.measure.uncertainty.log_estimate); every set is compared with the leader (the highest
 estimate) as a ratio with its 95 % interval and a word: faster, slower or no difference detected,
 as Google Benchmark's compare.py and Criterion report. The leader is named best only when it
-beats the runner-up beyond the noise; otherwise the sentence says which settings tie and about
+beats every other set beyond the noise; otherwise the sentence says which settings tie and about
 how many repeats per setting would resolve a difference of the size seen.
 """
 
@@ -49,12 +49,14 @@ def rank(measured: Measured) -> Ranking:
     if len(order) == 1:
         return Ranking(order, best=leader, sentence=f"Only {leader} finished: nothing to compare it with.")
     against = {name: compare(estimates[name], estimates[leader]) for name in order[1:]}
-    runner_up = order[1]
+    ties = [name for name in order[1:] if against[name].word == "no difference detected"]
+    # The runner-up by estimate need not be the closest call: a setting further down with a wider
+    # interval can still overlap the leader, and then there is no best.
+    runner_up = ties[0] if ties else order[1]
     lead = compare(estimates[leader], estimates[runner_up])
-    if lead.word == "faster":
+    if not ties:
         sentence = f"Best: {leader}, {_interval(lead)} the runner-up {runner_up}: faster beyond the noise."
         return Ranking(order, against, leader, sentence)
-    ties = [name for name in order[1:] if against[name].word == "no difference detected"]
     repeats = min(len(measured[name][0]) for name in (leader, runner_up))
     needed = repeats_to_resolve(lead, repeats)
     more = f"; about {needed} repeats per setting would resolve a difference this size" if needed else ""

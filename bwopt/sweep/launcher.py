@@ -42,6 +42,7 @@ callbacks), the report of the whole sweep folder is written (bwopt.sweep.report)
 import copy
 import json
 import logging
+import math
 import os
 import pickle
 import signal
@@ -350,7 +351,7 @@ class ProcessPerJobLauncher(Launcher):
             objectives = [result._return_value for result in results]
             first = results[0]
             if all(isinstance(value, (int, float)) for value in objectives):
-                first.return_value = statistics.median(objectives)
+                first.return_value = median_objective(objectives)
             folded.append(first)
         return folded
 
@@ -397,3 +398,10 @@ def _dumps(state: dict) -> bytes:
     import cloudpickle
 
     return cloudpickle.dumps(state)
+
+
+def median_objective(objectives: Sequence[float]) -> float:
+    """The median of a set's repeats; NaN (a repeat that timed nothing) is left out, as the median
+    would otherwise place it by its position in the list; NaN when no repeat measured anything."""
+    measured = [value for value in objectives if not math.isnan(value)]
+    return statistics.median(measured) if measured else math.nan

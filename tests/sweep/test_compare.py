@@ -55,3 +55,16 @@ def test_with_few_repeats_equal_settings_are_called_different_at_most_about_5_pe
         a, b = np.exp(rng.normal(np.log([[1300.0], [1000.0]]), 0.04, size=(2, 3)))
         found += rank({"a": (list(a), [None] * 3), "b": (list(b), [None] * 3)}).best == "a"
     assert found / 500 >= 0.9, found
+
+
+def test_a_leader_that_ties_any_setting_below_the_runner_up_is_not_named_best():
+    """The runner-up by estimate need not be the closest call: a setting further down with a wide
+    interval (one noisy run) still overlaps the leader, so there is no best."""
+    ranking = rank(
+        {"a": ([110.0], [[109.0, 111.0]]), "b": ([104.0], [[103.0, 105.0]]), "c": ([100.0], [[60.0, 170.0]])}
+    )
+    assert ranking.order == ["a", "b", "c"] and ranking.against_leader["b"].word == "slower"
+    assert ranking.against_leader["c"].word == "no difference detected"
+    assert ranking.best is None and ranking.sentence.startswith("No best: a and c tie (a vs c")
+    clear = rank({"a": ([110.0], [[109.0, 111.0]]), "b": ([104.0], [[103.0, 105.0]]), "c": ([100.0], [[98.0, 102.0]])})
+    assert clear.best == "a" and "the runner-up b" in clear.sentence
