@@ -16,7 +16,9 @@ A value is read from the trial's job: `throughput_examples_per_s`, the app's obj
 job's return value (the launcher's median over repeats); any other name is looked up in the job
 folder's summary.json (`figures`, `measurements`, `final_metrics`, e.g. `val_accuracy`,
 `step_time_p50_s`), from the first repeat. A trial whose job failed, or whose value is NaN (the
-app returns NaN when nothing was timed) or missing, is told FAILED and the search goes on.
+app returns NaN when nothing was timed) or missing, is told FAILED and the search goes on. Each
+trial also keeps every finished repeat's throughput and interval, from which the best is
+compared with the start (their spread pooled, as a sweep compares its sets).
 
 With `storage` (an Optuna URL such as sqlite:///outputs/optuna.db) and `study_name`, a second
 invocation loads the study and adds `n_trials` more; its sampler seed is shifted by the number of
@@ -49,9 +51,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from bwopt.measure.uncertainty import compare, log_estimate
+from bwopt.measure.uncertainty import compare, log_estimate, pooled_log_spread
 from bwopt.schema import SweepConfig
-from bwopt.sweep.results import read_summary, summary_value
+from bwopt.sweep.results import read_job, read_summary, summary_value
 from bwopt.sweep.space import (  # noqa: F401 (distribution: part of this module's interface)
     SearchConfigError,
     configured_params,
@@ -198,14 +200,33 @@ def against_start(complete: Sequence, best: Sequence, objectives: Sequence[str])
         name = f"best trial {winner.number}, {what}"
         other = max((t for t in complete if t.number != winner.number), key=lambda t: (t.values[0], -t.number))
         what = "the runner-up"
-    ci = f"{TASK_OBJECTIVE}_ci95"
-    estimates = [log_estimate(trial.values, [trial.user_attrs.get(ci)]) for trial in (winner, other)]
-    comparison = compare(*estimates)
+    # Each trial's finished repeats with their own intervals, their spread pooled, as a sweep's sets are
+    repeats = [trial_repeats(trial) for trial in (winner, other)]
+    pooled = pooled_log_spread([values for values, _ in repeats])
+    comparison = compare(*(log_estimate(values, intervals, pooled) for values, intervals in repeats))
     sentence = comparison.sentence(name[0].upper() + name[1:], f"{what}, trial {other.number}")
     if comparison.word == "no difference detected":
         sentence += ": the search found nothing faster beyond the noise (hydra.launcher.repeats narrows it)"
     fields = {"trial": winner.number, "against_trial": other.number, "ratio": comparison.ratio}
     return {**fields, "ci95": list(comparison.ci95), "word": comparison.word, "sentence": sentence + "."}
+
+
+REPEATS = f"{TASK_OBJECTIVE}_repeats"  # a trial's user attribute: [[throughput, its ci95 or None], ...]
+
+
+def trial_repeats(trial) -> Tuple[List[float], List[Optional[List[float]]]]:
+    """(throughputs, their runs' 95 % intervals) of a trial's finished repeats; a trial stored
+    before they were recorded has its median and its first repeat's interval."""
+    recorded = trial.user_attrs.get(REPEATS)
+    if recorded:
+        return [value for value, _ in recorded], [interval for _, interval in recorded]
+    return list(trial.values[:1]), [trial.user_attrs.get(f"{TASK_OBJECTIVE}_ci95")]
+
+
+def repeat_folders(sweep_dir: Path, first: int, index: int, num_sets: int, repeats: int) -> List[Path]:
+    """The folders of the repeats of set `index` of a batch launched from job `first` (bwopt's
+    launcher numbers them first * repeats + repeat * num_sets + index)."""
+    return [sweep_dir / str(first * repeats + repeat * num_sets + index) for repeat in range(repeats)]
 
 
 class OptunaSearch(Sweeper):
@@ -305,6 +326,12 @@ class OptunaSearch(Sweeper):
             figures = (read_summary(job_folder(result)) or {}).get("figures") or {}
             if figures.get(f"{TASK_OBJECTIVE}_ci95"):
                 trial.set_user_attr(f"{TASK_OBJECTIVE}_ci95", list(figures[f"{TASK_OBJECTIVE}_ci95"]))
+            repeats = getattr(self.launcher, "repeats", 1)
+            folders = repeat_folders(
+                job_folder(result).parent, trials[0].number, trials.index(trial), len(trials), repeats
+            )
+            finished = [job for job in map(read_job, folders) if job.throughput is not None]
+            trial.set_user_attr(REPEATS, [[job.throughput, job.throughput_ci95] for job in finished])
             accuracy = summary_value(job_folder(result), ACCURACY)
             if accuracy is not None:
                 trial.set_user_attr(ACCURACY, accuracy)

@@ -264,6 +264,34 @@ def test_the_best_trial_is_compared_with_the_start_with_an_interval_and_a_word()
     assert against_start(plain.trials, [plain.trials[1]], ["throughput_examples_per_s", "val_accuracy"]) is None
 
 
+def test_the_best_trials_comparison_takes_every_repeat_and_their_spread():
+    """With repeats, the comparison uses each trial's finished repeats, their spread pooled, not
+    the median with the first repeat's interval: repeats that scatter widen it, repeats that agree
+    narrow it (as a sweep's sets are compared)."""
+    from pathlib import Path
+
+    from bwopt.sweep.search import REPEATS, START, against_start, repeat_folders
+
+    def trial(values, start=False):
+        repeats = [[value, [value * 0.99, value * 1.01]] for value in values]
+        attrs = {REPEATS: repeats, "throughput_examples_per_s_ci95": repeats[0][1], **({START: True} if start else {})}
+        return optuna.trial.create_trial(values=[sorted(values)[len(values) // 2]], user_attrs=attrs)
+
+    def compared(start, best):
+        study = optuna.create_study(direction="maximize")
+        for item in (trial(start, start=True), trial(best)):
+            study.add_trial(item)
+        return against_start(study.trials, [study.trials[1]], ["throughput_examples_per_s"])
+
+    scattered = compared([100.0, 140.0, 120.0], [130.0, 95.0, 150.0])
+    agreeing = compared([120.0, 121.0, 119.0], [130.0, 131.0, 129.0])
+    assert scattered["word"] == "no difference detected"  # the medians with one interval: x1.08 (x1.07-x1.10), "faster"
+    assert agreeing["word"] == "faster" and agreeing["ratio"] == pytest.approx(130 / 120, rel=1e-3)
+    # bwopt's launcher: folders first * repeats + repeat * sets + index
+    assert repeat_folders(Path("s"), 4, 1, 3, 2) == [Path("s/9"), Path("s/12")]
+    assert repeat_folders(Path("s"), 4, 1, 3, 1) == [Path("s/5")]
+
+
 @SLOW
 def test_a_search_starts_from_the_configured_settings_and_compares_its_best_with_them(tmp_path, mlflow_uri):
     tracking = [f"tracking.uri={mlflow_uri}", "tracking.experiment=search_start"]
