@@ -318,3 +318,25 @@ def test_a_search_starts_from_the_configured_settings_and_compares_its_best_with
     client = MlflowClient(tracking_uri=mlflow_uri)
     (parent,) = client.search_runs([client.get_experiment_by_name("search_start").experiment_id])
     assert parent.data.tags["mlflow.note.content"].startswith(f"**{comparison['sentence']}**")
+
+
+@SLOW
+def test_each_trial_keeps_every_repeat_it_ran_for_the_comparison(tmp_path):
+    from bwopt.sweep.search import REPEATS
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    settings = ["hydra.sweeper.n_trials=3", "hydra.sweeper.sampler=random", "hydra.sweeper.seed=1"]
+    study = ["hydra.sweeper.study_name=repeats", f"hydra.sweeper.storage={storage}", "hydra.launcher.repeats=2"]
+    task = sweep_tasks.scored_by_prefetch_each_repeat_its_own
+    search(
+        tmp_path / "sweep", ["pipeline.prefetch=choice(0,2,autotune)"], *settings, *study, "tracking=none", task=task
+    )
+    for trial in optuna.load_study(study_name="repeats", storage=storage).trials:
+        folders = [folder for folder in (tmp_path / "sweep").iterdir() if (folder / "job.json").is_file()]
+        mine = [
+            json.loads((folder / "summary.json").read_text())["figures"]["throughput_examples_per_s"]
+            for folder in folders
+            if yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) == trial.user_attrs["overrides"]
+        ]
+        assert len(mine) == 2 and sorted(value for value, _ in trial.user_attrs[REPEATS]) == sorted(mine), trial.number
+        assert trial.values == [pytest.approx(sum(mine) / 2)]  # the launcher's median of two
