@@ -42,11 +42,9 @@ callbacks), the report of the whole sweep folder is written (bwopt.sweep.report)
 import copy
 import json
 import logging
-import math
 import os
 import pickle
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +62,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bwopt.redact import redact_in_place
 from bwopt.sweep.job import FailedJobReturn, JobCrashed, describe_failure, how_it_ended, shown
+from bwopt.sweep.results import median_objective
 
 log = logging.getLogger(__name__)
 
@@ -398,10 +397,3 @@ def _dumps(state: dict) -> bytes:
     import cloudpickle
 
     return cloudpickle.dumps(state)
-
-
-def median_objective(objectives: Sequence[float]) -> float:
-    """The median of a set's repeats; NaN (a repeat that timed nothing) is left out, as the median
-    would otherwise place it by its position in the list; NaN when no repeat measured anything."""
-    measured = [value for value in objectives if not math.isnan(value)]
-    return statistics.median(measured) if measured else math.nan

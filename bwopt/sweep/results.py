@@ -18,6 +18,7 @@ read results from here; this module imports nothing else of bwopt.sweep.
 """
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,3 +299,10 @@ def swept_keys(jobs: Sequence[JobResult]) -> List[str]:
 def override_values(overrides: Sequence[str]) -> Dict[str, str]:
     """['a.b=1', '+c=x'] -> {'a.b': '1', '+c': 'x'}."""
     return dict(override.partition("=")[::2] for override in overrides)
+
+
+def median_objective(objectives: Sequence[float]) -> float:
+    """The median of a set's repeats; NaN (a repeat that timed nothing) is left out, as the median
+    would otherwise place it by its position in the list; NaN when no repeat measured anything."""
+    measured = [value for value in objectives if not math.isnan(value)]
+    return statistics.median(measured) if measured else math.nan

@@ -185,7 +185,7 @@ def test_launcher_settings_out_of_range_are_one_line_and_exit_2(tmp_path, capsys
 def test_a_repeat_that_timed_nothing_is_left_out_of_its_sets_median_wherever_it_came():
     import math
 
-    from bwopt.sweep.launcher import median_objective
+    from bwopt.sweep.results import median_objective
 
     for order in ([math.nan, 100.0, 200.0], [100.0, math.nan, 200.0], [100.0, 200.0, math.nan]):
         assert median_objective(order) == 150.0

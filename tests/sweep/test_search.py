@@ -235,7 +235,7 @@ def test_a_space_that_cannot_be_searched_is_one_line_and_exit_2(tmp_path, sweep,
 
 
 def test_the_best_trial_is_compared_with_the_start_with_an_interval_and_a_word():
-    from bwopt.sweep.search import START, against_start
+    from bwopt.sweep.search_start import START, against_start
 
     def trial(value, start=False, half_width=0.02):
         attrs = {"throughput_examples_per_s_ci95": [value * (1 - half_width), value * (1 + half_width)]}
@@ -270,7 +270,7 @@ def test_the_best_trials_comparison_takes_every_repeat_and_their_spread():
     narrow it (as a sweep's sets are compared)."""
     from pathlib import Path
 
-    from bwopt.sweep.search import REPEATS, START, against_start, repeat_folders
+    from bwopt.sweep.search_start import REPEATS, START, against_start, repeat_folders
 
     def trial(values, start=False):
         repeats = [[value, [value * 0.99, value * 1.01]] for value in values]
@@ -322,7 +322,7 @@ def test_a_search_starts_from_the_configured_settings_and_compares_its_best_with
 
 @SLOW
 def test_each_trial_keeps_every_repeat_it_ran_for_the_comparison(tmp_path):
-    from bwopt.sweep.search import REPEATS
+    from bwopt.sweep.search_start import REPEATS
 
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     settings = ["hydra.sweeper.n_trials=3", "hydra.sweeper.sampler=random", "hydra.sweeper.seed=1"]
