@@ -11,8 +11,10 @@ MLflow parent run, the sweep report), one at a time, each with `measure.ceilings
    keep the examples and the math (parallelism, prefetch, cache before every random stage,
    vectorised maps, a lossless transfer dtype, interleave width, steps per execution);
 3. each proposal runs on top of the incumbent and is kept only when it is faster beyond the noise
-   (bwopt.measure.uncertainty.compare of the two runs' intervals) and learned as well (val_accuracy
-   within `sweep.accuracy_tolerance` of the start's); otherwise it is reverted, and the table says so;
+   (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, and,
+   with `hydra.launcher.repeats` >= 2, the spread between repeats pooled over every trial so far)
+   and learned as well (val_accuracy within `sweep.accuracy_tolerance` of the start's); otherwise
+   it is reverted, and the table says so;
 4. it stops when the incumbent reaches `target_fraction` of its compute ceiling (the input side
    has nothing left to give), when no proposal is left, or after `max_trials` trials.
 
@@ -41,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from bwopt.measure.advice import cores_bound
 from bwopt.measure.host import available_cores
 from bwopt.schema import SweepConfig
+from bwopt.sweep.search_start import repeat_folders
 from bwopt.sweep.sweeper import prepare_sweep
 from bwopt.sweep.tune_decide import ALLOWED_CHANGES, Budget, Profile, Stage
 from bwopt.sweep.tune_plan import plan
@@ -49,9 +52,11 @@ from bwopt.sweep.tune_record import (
     against,
     closing_line,
     cores_used,
+    noise_sentence,
     plot_path,
     ratio_text,
-    read_trial,
+    read_repeats,
+    run_to_run_spread,
     stage_table,
     table,
     write_tuned,
@@ -197,6 +202,7 @@ class PipelineTuner(Sweeper):
         # `tune=NAME` goes to every trial (as `hparams_search=` does to the search's): a job composes
         # the command line's hydra.sweeper.* overrides, which only this sweeper's schema has.
         self.selection: List[str] = []
+        self.repeats = 1
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -207,14 +213,7 @@ class PipelineTuner(Sweeper):
         self.probe_file = self.sweep_dir / "tune_probe_start.json"
         choice = OmegaConf.select(config, "hydra.runtime.choices.tune")
         self.selection = [f"tune={choice}"] if choice else []
-        repeats = getattr(self.launcher, "repeats", 1)
-        if repeats != 1:  # a trial is one run in folder n; its interval comes from blocks of its steps
-            print(
-                f"bwopt: invalid config: hydra.launcher.repeats={repeats}; tune runs each trial once "
-                "(expected 1: each trial's interval comes from its own timed blocks)",
-                file=sys.stderr,
-            )
-            raise SystemExit(2)
+        self.repeats = getattr(self.launcher, "repeats", 1)  # runs of each trial (bwopt's launcher)
 
     def sweep(self, arguments: List[str]) -> Any:
         started = time.monotonic()
@@ -267,11 +266,11 @@ class PipelineTuner(Sweeper):
         log.info(f"tune trial {trial.number} ({trial.change}): {trial.reason}")
         cpu_before = children_cpu_s()
         self.launcher.launch([overrides], initial_job_idx=trial.number)
+        folders = repeat_folders(self.sweep_dir, trial.number, 0, 1, self.repeats)
+        read_repeats(folders, trial)
         trial.cpu_s = children_cpu_s() - cpu_before
-        folder = self.sweep_dir / str(trial.number)
-        job_file = folder / "job.json"
-        trial.wall_s = json.loads(job_file.read_text()).get("wall_s", 0.0) if job_file.is_file() else 0.0
-        read_trial(folder, trial)
+        job_files = [folder / "job.json" for folder in folders if (folder / "job.json").is_file()]
+        trial.wall_s = sum(json.loads(job_file.read_text()).get("wall_s", 0.0) for job_file in job_files)
         self.trials.append(trial)
         return trial
 
@@ -305,7 +304,7 @@ class PipelineTuner(Sweeper):
         if candidate.failed:
             candidate.note = "the run failed; reverted"
             return
-        comparison = against(candidate, incumbent)
+        comparison = against(candidate, incumbent, run_to_run_spread(self.trials))
         candidate.against_incumbent = comparison
         worse = (
             candidate.val_accuracy is not None
@@ -324,7 +323,8 @@ class PipelineTuner(Sweeper):
         start = self.trials[0]
         tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
         plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
-        line = closing_line(start, final, len(self.trials), elapsed_s)
+        pooled = run_to_run_spread(self.trials)
+        line = closing_line(start, final, len(self.trials) * self.repeats, elapsed_s, pooled)
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
         markdown = "\n\n".join(
             [
@@ -332,6 +332,7 @@ class PipelineTuner(Sweeper):
                 f"Stopped: {stop}. Tuned overrides (`tuned.yaml`): `{' '.join(final.overrides_text())}`",
                 table(self.trials),
                 f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
+                noise_sentence(self.repeats, pooled),
                 *([f"Not tried: {'; '.join(self.skipped)}"] if self.skipped else []),
             ]
         )
@@ -342,10 +343,10 @@ class PipelineTuner(Sweeper):
         report.write_text(markdown + "\n")
         print(line, flush=True)
         probe = [self.probe_file] if self.probe_file.is_file() else []
-        self._annotate_parent([tuned, report, plot, *probe], markdown, start, final)
+        self._annotate_parent([tuned, report, plot, *probe], markdown, start, final, pooled)
         return {"tuned": final.overrides, "closing_line": line, "trials": len(self.trials)}
 
-    def _annotate_parent(self, files: List[Path], markdown: str, start: Trial, final: Trial) -> None:
+    def _annotate_parent(self, files: List[Path], markdown: str, start: Trial, final: Trial, pooled) -> None:
         parent = getattr(self.launcher, "parent", None)
         if parent is None:
             return
@@ -355,7 +356,7 @@ class PipelineTuner(Sweeper):
         parent.annotate(files, {NOTE_TAG: within_limit(markdown), "bwopt.tune.tuned": " ".join(final.overrides_text())})
         metrics = {"tune_num_trials": len(self.trials), "tune_throughput_examples_per_s": final.throughput}
         if final is not start:
-            comparison = against(final, start)
+            comparison = against(final, start, pooled)
             metrics.update(
                 tune_ratio_to_start=comparison.ratio,
                 tune_ratio_to_start_ci95_low=comparison.ci95[0],

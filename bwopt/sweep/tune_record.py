@@ -8,11 +8,12 @@ of the sweeper's children around its launch, so start-up and the ceilings' block
 """
 
 import math
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from bwopt.measure.uncertainty import Comparison, compare, log_estimate
+from bwopt.measure.uncertainty import Z_95, Comparison, compare, log_estimate, pooled_log_spread
 from bwopt.sweep.results import read_job, read_summary
 
 TABLE_HEADER = (
@@ -26,18 +27,21 @@ class Trial:
     """One tuning trial: what it changed and what it measured.
 
     Attributes:
-        number: its job number (its folder in the sweep folder).
+        number: its number (the folder of its first repeat in the sweep folder; with
+            `hydra.launcher.repeats` = k, repeats in folders number x k .. number x k + k - 1).
         change: the proposal's name ("start" for the first).
         reason: why it was proposed, with numbers.
         overrides: tune's own overrides it ran with (key -> value), on top of the workload's.
-        throughput, ci95: examples/s and its 95 % interval (None when the job failed).
+        throughput, ci95: examples/s and its 95 % interval (None when the job failed); with several
+            repeats, their median and the interval of their mean (`estimate`).
+        repeats: (examples/s, its run's 95 % interval) of each finished repeat.
         compute_ceiling, input_ceiling, cores_ceiling: examples/s (None when not measured; the
             cores ceiling is what the step and the pipeline sustain together on the cores they share).
         cores_busy, cores_available: the cores its training kept busy, measured over its timed
             steps, and the cores it had (None when not measured).
         step_partition: part -> share of step time.
         val_accuracy: the final validation accuracy.
-        wall_s, cpu_s: the job's process, start to end.
+        wall_s, cpu_s: the job's processes (every repeat), start to end.
         kept: it beat the incumbent beyond the noise (the start is kept).
         against_incumbent: the comparison that decided, when there was one.
         note: why it was reverted, or other words for the table.
@@ -61,6 +65,7 @@ class Trial:
     kept: bool = False
     against_incumbent: Optional[Comparison] = None
     note: str = ""
+    repeats: List[Tuple[float, Optional[List[float]]]] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -92,9 +97,11 @@ class Trial:
     def overrides_text(self) -> List[str]:
         return [f"{key}={value}" for key, value in self.overrides.items()]
 
-    @property
-    def estimate(self):
-        return log_estimate([self.throughput], [self.ci95])
+    def estimate(self, pooled: Optional[Tuple[float, int]] = None) -> Tuple[float, float]:
+        """(mean log throughput, its standard error) over the finished repeats, their run-to-run spread
+        `pooled` over the tuning's trials when measured (bwopt.measure.uncertainty.log_estimate)."""
+        repeats = self.repeats or [(self.throughput, self.ci95)]
+        return log_estimate([value for value, _ in repeats], [interval for _, interval in repeats], pooled)
 
 
 def read_trial(folder: Path, trial: Trial) -> Trial:
@@ -113,9 +120,34 @@ def read_trial(folder: Path, trial: Trial) -> Trial:
     return trial
 
 
-def against(candidate: Trial, incumbent: Trial) -> Comparison:
-    """candidate / incumbent with the ratio's 95 % interval (bwopt.measure.uncertainty)."""
-    return compare(candidate.estimate, incumbent.estimate)
+def read_repeats(folders: Sequence[Path], trial: Trial) -> Trial:
+    """`trial` from the job folders of its repeats: the median of the finished ones' throughputs (as
+    the launcher folds a sweep's repeats) and each one's figure with its run's interval; the
+    ceilings, the step's picture and the accuracy from the first that finished."""
+    reads = [read_trial(folder, replace(trial)) for folder in folders]
+    finished = [read for read in reads if not read.failed]
+    first = finished[0] if finished else reads[0]
+    for name in Trial.__dataclass_fields__:
+        if name not in ("number", "change", "reason", "overrides"):
+            setattr(trial, name, getattr(first, name))
+    trial.repeats = [(read.throughput, read.ci95) for read in finished]
+    if len(finished) > 1:
+        trial.throughput = statistics.median(read.throughput for read in finished)
+        mean, error = trial.estimate()
+        trial.ci95 = [math.exp(mean - Z_95 * error), math.exp(mean + Z_95 * error)]
+    return trial
+
+
+def run_to_run_spread(trials: Sequence[Trial]) -> Optional[Tuple[float, int]]:
+    """The spread of log throughput between repeats of one trial, pooled over `trials` (the machine's
+    run-to-run noise, which each trial shares), with its degrees of freedom; None with one repeat each."""
+    return pooled_log_spread([[value for value, _ in trial.repeats] for trial in trials])
+
+
+def against(candidate: Trial, incumbent: Trial, pooled: Optional[Tuple[float, int]] = None) -> Comparison:
+    """candidate / incumbent with the ratio's 95 % interval (bwopt.measure.uncertainty): each run's
+    own interval, and the run-to-run spread `pooled` where repeats measured it."""
+    return compare(candidate.estimate(pooled), incumbent.estimate(pooled))
 
 
 def ratio_text(comparison: Comparison) -> str:
@@ -145,6 +177,23 @@ def table(trials: Sequence[Trial]) -> str:
     return "\n".join(rows)
 
 
+def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]]) -> str:
+    """What the trials' intervals hold: one run's noise, or the run-to-run spread the repeats measured."""
+    if pooled is None:
+        ran = "each trial ran once" if repeats == 1 else "no trial finished two of its repeats"
+        return (
+            f"Noise: {ran}, so each interval holds the noise within one run (blocks of its timed "
+            "steps), not the noise from one run to the next; `hydra.launcher.repeats=2` runs each "
+            "trial twice and pools the spread between repeats into every comparison."
+        )
+    spread, degrees = pooled
+    return (
+        f"Noise: each trial ran {repeats} times, one after the other; every comparison holds each run's "
+        f"interval and the spread between repeats, pooled over the trials: {spread * 100:.1f} % of throughput "
+        f"(standard deviation, {degrees} degrees of freedom)."
+    )
+
+
 def stage_table(picture: dict) -> str:
     """The probe's per-stage picture of the start as Markdown: what each stage costs per batch."""
     rows = [
@@ -164,7 +213,9 @@ def stage_table(picture: dict) -> str:
     return "\n".join(rows)
 
 
-def closing_line(start: Trial, final: Trial, num_runs: int, elapsed_s: float) -> str:
+def closing_line(
+    start: Trial, final: Trial, num_runs: int, elapsed_s: float, pooled: Optional[Tuple[float, int]] = None
+) -> str:
     """'tuned: ×3.1 over the start (95 % CI ×2.8–×3.4), 0.93 of the input ceiling, 4 runs, 2 min'."""
     minutes = f"{elapsed_s / 60:.0f} min" if elapsed_s >= 90 else f"{elapsed_s:.0f} s"
     if start.failed or final.failed:
@@ -172,7 +223,7 @@ def closing_line(start: Trial, final: Trial, num_runs: int, elapsed_s: float) ->
     if final is start:
         gain = "no change beat the start beyond the noise"
     else:
-        comparison = against(final, start)
+        comparison = against(final, start, pooled)
         low, high = comparison.ci95
         gain = f"×{comparison.ratio:.1f} over the start (95 % CI ×{low:.1f}–×{high:.1f})"
     ceiling = f", {final.of_ceiling:.2f} of the {final.ceiling_name}" if final.of_ceiling else ""
@@ -230,7 +281,7 @@ def plot_path(trials: Sequence[Trial], path: Path) -> Path:
     top = max([trial.ci95[1] if trial.ci95 else trial.throughput for trial in measured] + [1.0])
     ceilings = [trial.ceiling for trial in trials if trial.ceiling]
     axes.set_ylim(0, max(top, min(ceilings) if ceilings else 0) * 1.15)
-    titled(axes, "tune: throughput per trial", "dots kept, crosses reverted; whiskers: each run's 95 % interval")
+    titled(axes, "tune: throughput per trial", "dots kept, crosses reverted; whiskers: each trial's 95 % interval")
     legend_outside(axes)
     return save_figure(figure, path)
 

@@ -13,20 +13,29 @@ WORKLOAD = ["experiment=pipelines", "pipeline=naive", "train.epochs=1", "train.s
 SMALL = ["measure.min_timed_s=0.5", "measure.ceiling_steps=20", "measure.memcpy_bandwidth=false"]
 
 
-def test_tune_runs_its_trials_writes_tuned_yaml_and_annotates_one_parent_run(tmp_path):
+def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_parent_run(tmp_path):
     result = run_bwopt(
-        "-m", "tune=pipeline", *WORKLOAD, *SMALL, "hydra.sweeper.max_trials=2", "hydra.sweep.dir=tuning", cwd=tmp_path
+        "-m",
+        "tune=pipeline",
+        *WORKLOAD,
+        *SMALL,
+        "hydra.sweeper.max_trials=2",
+        "hydra.launcher.repeats=2",
+        "hydra.sweep.dir=tuning",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = tmp_path / "tuning"
-    trials = sorted(int(path.name) for path in sweep.iterdir() if path.is_dir() and path.name.isdigit())
-    assert trials == [0, 1]  # max_trials bounds the trials, the start included
+    folders = sorted(int(path.name) for path in sweep.iterdir() if path.is_dir() and path.name.isdigit())
+    assert folders == [0, 1, 2, 3]  # max_trials bounds the trials, the start included; each ran twice
 
-    # every trial ran the workload with the sweep's own choice, and the start ran it as given
-    ran = [yaml.safe_load((sweep / str(n) / ".hydra" / "overrides.yaml").read_text()) for n in trials]
+    # every run had the sweep's own choice; the start's two (folders 0, 1) ran the workload as given,
+    # the proposal's two (2, 3) the same change
+    ran = [yaml.safe_load((sweep / str(n) / ".hydra" / "overrides.yaml").read_text()) for n in folders]
     assert all("tune=pipeline" in overrides and "measure.ceilings=true" in overrides for overrides in ran)
+    assert ran[0] == ran[1] and ran[2] == ran[3]
     assert not [item for item in ran[0] if item.startswith("pipeline.")]
-    changed = [item for item in ran[1] if item not in ran[0]]
+    changed = [item for item in ran[2] if item not in ran[0]]
     assert changed and all(item.startswith(("pipeline.", "train.steps_per_execution")) for item in changed)
 
     # tuned.yaml: the workload and the kept changes, runnable as overrides; none of the sweep's own keys
@@ -38,23 +47,25 @@ def test_tune_runs_its_trials_writes_tuned_yaml_and_annotates_one_parent_run(tmp
 
     report = (sweep / "tune.md").read_text()
     closing = next(line for line in result.stdout.splitlines() if line.startswith("tuned: "))
-    assert f"**{closing}**" in report and "2 runs" in closing
+    assert f"**{closing}**" in report and "4 runs" in closing
     # a kept change states its gain with its interval; a reverted one claims none
     assert ("95 % CI" in closing) == bool(kept) != ("no change beat the start beyond the noise" in closing)
     assert report.count("\n| ") >= 3  # header, start, the one proposal
     assert "The start's stages" in report and "| map (augment) | map |" in report  # what the plan came from
     assert ("| yes |" in report.split("\n| 1 |")[1].splitlines()[0]) == bool(kept)
+    # the comparisons held the run-to-run spread the repeats measured, and the report says so
+    assert "each trial ran 2 times" in report and "2 degrees of freedom" in report
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("bwopt")
     (parent,) = client.search_runs([experiment.experiment_id], "attributes.run_name LIKE 'tune pipeline %'")
     assert parent.info.status == "FINISHED" and parent.data.metrics["tune_num_trials"] == 2
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    summaries = [json.loads((sweep / str(n) / "summary.json").read_text()) for n in trials]
+    summaries = [json.loads((sweep / str(n) / "summary.json").read_text()) for n in folders]
     assert sorted(child.info.run_id for child in children) == sorted(summary["run_id"] for summary in summaries)
-    final = summaries[1] if kept else summaries[0]
+    final = summaries[2:] if kept else summaries[:2]  # the tuned trial's figure: the median of its repeats
     assert parent.data.metrics["tune_throughput_examples_per_s"] == pytest.approx(
-        final["figures"]["throughput_examples_per_s"]
+        sum(summary["figures"]["throughput_examples_per_s"] for summary in final) / 2
     )
     artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
     assert {"tuned.yaml", "tune.md", "tune_path.png", "tune_probe_start.json"} <= artifacts
@@ -65,7 +76,6 @@ def test_tune_runs_its_trials_writes_tuned_yaml_and_annotates_one_parent_run(tmp
     [
         ("hydra.sweeper.max_trials=0", "hydra.sweeper.max_trials=0"),
         ("hydra.sweeper.allow=[layers]", "hydra.sweeper.allow=['layers']"),
-        ("hydra.launcher.repeats=2", "hydra.launcher.repeats=2"),
         ("pipeline.prefetch=0,2", "pipeline.prefetch=0,2"),
     ],
 )

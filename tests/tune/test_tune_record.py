@@ -63,3 +63,58 @@ def test_a_trial_reads_the_cores_its_training_kept_busy_from_its_summary(tmp_pat
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     trial = read_trial(tmp_path, Trial(1, "prefetch", "…", {}))
     assert (trial.cores_busy, trial.cores_available, trial.cores_ceiling) == (1.93, 2.0, 24_000.0)
+
+
+def repeated(number: int, runs) -> Trial:
+    """A trial whose finished repeats measured `runs`: (examples/s, its run's interval) each."""
+    trial = Trial(number, "start" if number == 0 else "prefetch", "…", {}, runs[0][0], runs[0][1])
+    trial.repeats = list(runs)
+    return trial
+
+
+def test_a_within_run_win_that_repeats_scatter_is_not_called_faster():
+    from bwopt.sweep.tune_record import against, run_to_run_spread
+
+    # Each run is sure of itself to 1 %, but the same settings read 100 and 108 from one run to the next.
+    start = repeated(0, [(100.0, [99.0, 101.0]), (108.0, [107.0, 109.0])])
+    candidate = repeated(1, [(104.0, [103.0, 105.0]), (112.0, [111.0, 113.0])])
+    first_runs = [repeated(trial.number, trial.repeats[:1]) for trial in (candidate, start)]
+    assert against(*first_runs).word == "faster"  # what one run per trial would have claimed
+    pooled = run_to_run_spread([start, candidate])
+    assert pooled[1] == 2  # one degree of freedom per trial of two repeats
+    comparison = against(candidate, start, pooled)
+    assert comparison.word == "no difference detected" and comparison.ci95[0] < 1 < comparison.ci95[1]
+    # Repeats that agree resolve the same 10 %.
+    steady = repeated(0, [(100.0, [99.0, 101.0]), (100.4, [99.4, 101.4])])
+    faster = repeated(1, [(110.0, [109.0, 111.0]), (110.3, [109.3, 111.3])])
+    assert against(faster, steady, run_to_run_spread([steady, faster])).word == "faster"
+
+
+def test_a_trial_reads_every_repeat_and_leaves_out_one_that_did_not_finish(tmp_path):
+    import json
+    import math
+
+    from bwopt.sweep.tune_record import noise_sentence, read_repeats
+
+    def job(folder: str, throughput: float, ceiling: float):
+        summary = {
+            "status": "FINISHED",
+            "run_id": None,
+            "figures": {
+                "throughput_examples_per_s": throughput,
+                "throughput_examples_per_s_ci95": [throughput * 0.99, throughput * 1.01],
+            },
+            "measurements": {"compute_ceiling_examples_per_s": ceiling},
+        }
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "summary.json").write_text(json.dumps(summary))
+        return tmp_path / folder
+
+    folders = [job("4", 900.0, 2000.0), tmp_path / "5", job("6", 1000.0, 2100.0)]  # 5 never wrote one
+    trial = read_repeats(folders, Trial(2, "prefetch", "…", {"pipeline.prefetch": "3"}))
+    assert trial.repeats == [(900.0, [891.0, 909.0]), (1000.0, [990.0, 1010.0])]
+    assert trial.throughput == 950.0 and trial.compute_ceiling == 2000.0  # the median; the first's ceilings
+    low, high = trial.ci95  # the interval of the two repeats' mean, wider than either run's
+    assert low < 891.0 and high > 1010.0 and math.isclose(math.sqrt(low * high), math.sqrt(900.0 * 1000.0))
+    assert "each trial ran once" in noise_sentence(1, None) and "hydra.launcher.repeats=2" in noise_sentence(1, None)
+    assert "ran 3 times" in noise_sentence(3, (0.021, 4)) and "2.1 %" in noise_sentence(3, (0.021, 4))
