@@ -197,10 +197,8 @@ class Inputs:
                 pipeline.tfrecord.buffer_size_bytes,
                 pipeline.map_parallelism,
             )
-            if num_pipelines == 1:  # all of the shards: their count is known (see the file sources below)
-                import tensorflow as tf
-
-                return dataset.apply(tf.data.experimental.assert_cardinality(files.num_examples))
+            if num_pipelines == 1:  # all of the shards: their count is known
+                return counted(dataset, files.num_examples)
             return dataset if len(files.paths) >= num_pipelines else dataset.shard(num_pipelines, pipeline_id)
         if isinstance(self.source, (ArraySource, ImageFileSource)):
             indices = self.input_plan.train_indices if training else self.input_plan.validation_indices
@@ -219,11 +217,7 @@ class Inputs:
         elements = file_elements(pipeline, files, self.source.open_file)
         if self.source.count_examples is None:
             return elements
-        # A random stage needs the examples per pass (bwopt.pipeline.epoch_size): told here, they
-        # are not counted by reading every record through the pipeline at each build.
-        import tensorflow as tf
-
-        return elements.apply(tf.data.experimental.assert_cardinality(self.source.count_examples(files)))
+        return counted(elements, self.source.count_examples(files))
 
     def dataset(self, training: bool, input_context=None, through_service: bool = True):
         """Batches for one input pipeline: global batches, or per-replica ones under a context.
@@ -330,3 +324,12 @@ class Inputs:
         # The same buffer hand-off as training's last stage: next() then costs what it costs there.
         prefetch = self.config.pipeline.prefetch
         return dataset.prefetch(tf_count(prefetch)) if prefetch != 0 else dataset
+
+
+def counted(dataset, num_examples: int):
+    """`dataset` told how many elements it holds. A random stage needs the examples per pass
+    (bwopt.pipeline.epoch_size); told, they are not counted by reading every record of the files
+    through the pipeline at each build."""
+    import tensorflow as tf
+
+    return dataset.apply(tf.data.experimental.assert_cardinality(num_examples))

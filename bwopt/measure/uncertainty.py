@@ -42,16 +42,18 @@ def lag1_autocorrelation(values: np.ndarray) -> float:
     return float(np.dot(centred[:-1], centred[1:]) / denominator) if denominator > 0 and len(values) > 2 else 0.0
 
 
-def block_bootstrap_sums(parts: np.ndarray, seed: int = 0) -> np.ndarray:
+def block_bootstrap_sums(parts: np.ndarray, seed: int = 0, step_time: Optional[np.ndarray] = None) -> np.ndarray:
     """Sums over resampled steps: shape (NUM_RESAMPLES, num_parts) for `parts` of shape (num_steps, num_parts).
 
     Each resample joins randomly started blocks of consecutive steps (wrapping around the end)
-    until it has as many steps as the original window. A window too short for two blocks of
+    until it has as many steps as the original window; the blocks are as long as `step_time`
+    (default: the rows' sums) stays alike from step to step. A window too short for two blocks of
     `MIN_BLOCK_STEPS` is cut into at least two shorter ones: one block would resample the window
     as it is, an interval of zero width that claims a certainty the few steps do not give.
     """
     num_steps = len(parts)
-    length = block_length(num_steps, lag1_autocorrelation(parts.sum(axis=1)))
+    step_time = parts.sum(axis=1) if step_time is None else step_time
+    length = block_length(num_steps, lag1_autocorrelation(step_time))
     length = max(1, min(length, num_steps // 2))
     num_blocks = math.ceil(num_steps / length)
     rng = np.random.default_rng(seed)
@@ -123,7 +125,8 @@ def step_uncertainty(
     columns += [np.asarray(values, dtype=np.float64) for values in series.values()]
     matrix = np.stack(columns, axis=1)
     num_parts = len(PARTS)
-    sums = block_bootstrap_sums(matrix)
+    # Blocks as long as the step time stays alike: the other series ride along, they do not set it.
+    sums = block_bootstrap_sums(matrix, step_time=matrix[:, :num_parts].sum(axis=1))
     walls = sums[:, :num_parts].sum(axis=1)
     shares = clip_stall(sums[:, :num_parts]) / walls[:, None]
     partition = partition_shares(parts)

@@ -93,7 +93,7 @@ def _cut(value: str) -> str:
 
 
 def read_settings(results: SweepResults) -> List[Setting]:
-    """The override sets, best median first, with their labels and whiskers."""
+    """The override sets, fastest first (as ranked), with their labels and whiskers."""
     short = short_keys(results.swept_keys)
     settings = []
     for item in results.sets:

@@ -6,7 +6,8 @@ Read from the sweep folder alone, so it can be written again at any time:
 
 Written into the sweep folder:
 
-- `report.md`: the best overrides, the override sets ranked by median throughput, then every job;
+- `report.md`: the best overrides, the override sets ranked as compared (by the geometric mean of
+  their repeats' throughputs; the table shows the median), then every job;
   a job (and its override set) whose val_accuracy is more than `sweep.accuracy_tolerance` below the
   best job's is marked "learned worse" (column "val acc vs best") and never named best;
 - `report.csv`: one row per job, a column per swept key and per figure;
@@ -232,7 +233,7 @@ def markdown(results: SweepResults, plots: Sequence[Path]) -> str:
         [
             f"# Sweep report: {results.sweep_dir}",
             best_line(results),
-            "## Override sets, by median throughput",
+            "## Override sets, fastest first (by the geometric mean of their repeats, as compared)",
             sets_table(results),
             *(["## Scaling", scaling_table(results)] if results.scaling else []),
             "## Jobs, by throughput",

@@ -96,6 +96,13 @@ class OverrideSet:
     def median(self) -> Optional[float]:
         return statistics.median(self.throughputs) if self.throughputs else None
 
+    @property
+    def geometric_mean(self) -> Optional[float]:
+        """exp(mean log throughput) of the finished repeats: the estimate sets are ranked and compared by
+        (bwopt.sweep.compare), which the median can order differently from 3 repeats on."""
+        values = self.throughputs
+        return math.exp(sum(math.log(value) for value in values) / len(values)) if values else None
+
     def median_of(self, name: str):
         """A figure's median over the finished repeats (the most common value for text figures)."""
         values = [job.figures[name] for job in self.jobs if not job.failed and job.figures.get(name) is not None]
@@ -112,7 +119,7 @@ class SweepResults:
 
     sweep_dir: Path
     jobs: List[JobResult]  # best first, failures last
-    sets: List[OverrideSet]  # best median first, failed sets last
+    sets: List[OverrideSet]  # fastest first by geometric mean (as compared), failed sets last
     swept_keys: List[str]
     accuracy_tolerance: float  # sweep.accuracy_tolerance
 
@@ -157,7 +164,7 @@ class SweepResults:
 
     @property
     def eligible(self) -> List[OverrideSet]:
-        """The sets that finished and did not learn worse, fastest median first (the table's order)."""
+        """The sets that finished and did not learn worse, fastest first (the table's order)."""
         return [item for item in self.sets if not item.failed and not self.learned_worse(item)]
 
     def label(self, item: OverrideSet) -> str:
@@ -278,7 +285,7 @@ def read_results(sweep_dir: Path) -> SweepResults:
     sets: Dict[tuple, OverrideSet] = {}
     for job in jobs:
         sets.setdefault(tuple(job.overrides), OverrideSet(job.overrides, [])).jobs.append(job)
-    ranked_sets = sorted(sets.values(), key=lambda item: _ranked(item.median))
+    ranked_sets = sorted(sets.values(), key=lambda item: _ranked(item.geometric_mean))
     ranked_jobs = sorted(jobs, key=lambda job: _ranked(job.throughput))
     return SweepResults(sweep_dir, ranked_jobs, ranked_sets, swept_keys(jobs), accuracy_tolerance(sweep_dir))
 

@@ -54,6 +54,7 @@ from bwopt.sweep.tune_record import (
     cores_used,
     noise_sentence,
     plot_path,
+    pool_intervals,
     ratio_text,
     read_repeats,
     run_to_run_spread,
@@ -324,6 +325,7 @@ class PipelineTuner(Sweeper):
         tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
         plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
         pooled = run_to_run_spread(self.trials)
+        pool_intervals(self.trials, pooled)  # the table's and the plot's intervals, as compared
         line = closing_line(start, final, len(self.trials) * self.repeats, elapsed_s, pooled)
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
         markdown = "\n\n".join(

@@ -120,10 +120,13 @@ def read_trial(folder: Path, trial: Trial) -> Trial:
     return trial
 
 
+MEDIANS = ("throughput", "compute_ceiling", "input_ceiling", "cores_ceiling", "cores_busy")
+
+
 def read_repeats(folders: Sequence[Path], trial: Trial) -> Trial:
-    """`trial` from the job folders of its repeats: the median of the finished ones' throughputs (as
-    the launcher folds a sweep's repeats) and each one's figure with its run's interval; the
-    ceilings, the step's picture and the accuracy from the first that finished."""
+    """`trial` from the job folders of its repeats: the medians of the finished ones' throughputs (as
+    the launcher folds a sweep's repeats) and ceilings, and each one's throughput with its run's
+    interval; the step's partition and the accuracy from the first that finished."""
     reads = [read_trial(folder, replace(trial)) for folder in folders]
     finished = [read for read in reads if not read.failed]
     first = finished[0] if finished else reads[0]
@@ -132,10 +135,26 @@ def read_repeats(folders: Sequence[Path], trial: Trial) -> Trial:
             setattr(trial, name, getattr(first, name))
     trial.repeats = [(read.throughput, read.ci95) for read in finished]
     if len(finished) > 1:
-        trial.throughput = statistics.median(read.throughput for read in finished)
-        mean, error = trial.estimate()
-        trial.ci95 = [math.exp(mean - Z_95 * error), math.exp(mean + Z_95 * error)]
+        for name in MEDIANS:
+            values = [getattr(read, name) for read in finished if getattr(read, name) is not None]
+            setattr(trial, name, statistics.median(values) if values else None)
+        trial.ci95 = mean_interval(trial)
     return trial
+
+
+def mean_interval(trial: Trial, pooled: Optional[Tuple[float, int]] = None) -> List[float]:
+    """The 95 % interval of a trial's mean throughput over its repeats (with the pooled spread when given)."""
+    mean, error = trial.estimate(pooled)
+    return [math.exp(mean - Z_95 * error), math.exp(mean + Z_95 * error)]
+
+
+def pool_intervals(trials: Sequence[Trial], pooled: Optional[Tuple[float, int]]) -> None:
+    """Each repeated trial's interval drawn with the spread pooled over all of them, as they were
+    compared (one trial's own two repeats give a spread of one degree of freedom: t = 12.7)."""
+    if pooled is not None:
+        for trial in trials:
+            if len(trial.repeats) > 1:
+                trial.ci95 = mean_interval(trial, pooled)
 
 
 def run_to_run_spread(trials: Sequence[Trial]) -> Optional[Tuple[float, int]]:

@@ -198,3 +198,16 @@ def test_a_real_runs_summary_json_holds_a_partition_that_adds_up_and_every_inter
     for share in ("input_wait_fraction", "input_stall_fraction", "host_overhead_fraction"):
         low, high = figures[f"{share}_ci95"]
         assert low <= figures[share] + 1e-9 and figures[share] <= high + 1e-9
+
+
+def test_a_series_that_rides_along_does_not_set_the_blocks_of_the_step_time():
+    """The blocks are as long as the step time stays alike: a strongly trending extra series (the
+    CPU time of a machine warming up, say) must not lengthen them and so move the throughput's interval."""
+    rng = np.random.default_rng(3)
+    steps = rng.normal(1e-3, 2e-4, 300)  # independent steps: short blocks
+    zeros = np.zeros(len(steps))
+    parts = {"compute": steps, "input_stall": zeros, "host_overhead": zeros, "other": zeros}
+    alone = step_uncertainty(parts, examples_per_loop_step=1.0)
+    ramp = np.linspace(0.0, 1.0, len(steps))  # lag-1 correlation ~1, and large beside the steps
+    with_series = step_uncertainty(parts, examples_per_loop_step=1.0, series={"cpu": ramp})
+    assert with_series.throughput_ci95 == alone.throughput_ci95

@@ -302,6 +302,11 @@ def test_the_leader_is_the_set_the_comparison_puts_first_even_where_the_medians_
     assert report.ranking.order[0] == "pipeline.prefetch=2"  # mean log: 285 against 210
     assert report.best.overrides == ["pipeline.prefetch=2"]
     assert report.parent_figures()[1]["leader"] == "pipeline.prefetch=2"
+    # and the table ranks it first too, beside its median
+    assert [item.overrides for item in report.sets] == [["pipeline.prefetch=2"], ["pipeline.prefetch=0"]]
+    table = (sweep / "report.md").read_text().split("## Override sets")[1]
+    first_row = next(line for line in table.splitlines() if line.startswith("| 1 |"))
+    assert "pipeline.prefetch=2" in first_row and "285" in first_row
 
 
 def test_the_verdict_column_is_the_runs_verdict_not_the_input_wait_class(tmp_path):

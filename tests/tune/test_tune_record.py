@@ -94,7 +94,7 @@ def test_a_trial_reads_every_repeat_and_leaves_out_one_that_did_not_finish(tmp_p
     import json
     import math
 
-    from bwopt.sweep.tune_record import noise_sentence, read_repeats
+    from bwopt.sweep.tune_record import noise_sentence, pool_intervals, read_repeats
 
     def job(folder: str, throughput: float, ceiling: float):
         summary = {
@@ -113,8 +113,11 @@ def test_a_trial_reads_every_repeat_and_leaves_out_one_that_did_not_finish(tmp_p
     folders = [job("4", 900.0, 2000.0), tmp_path / "5", job("6", 1000.0, 2100.0)]  # 5 never wrote one
     trial = read_repeats(folders, Trial(2, "prefetch", "…", {"pipeline.prefetch": "3"}))
     assert trial.repeats == [(900.0, [891.0, 909.0]), (1000.0, [990.0, 1010.0])]
-    assert trial.throughput == 950.0 and trial.compute_ceiling == 2000.0  # the median; the first's ceilings
+    assert (trial.throughput, trial.compute_ceiling) == (950.0, 2050.0)  # the medians of the two
     low, high = trial.ci95  # the interval of the two repeats' mean, wider than either run's
     assert low < 891.0 and high > 1010.0 and math.isclose(math.sqrt(low * high), math.sqrt(900.0 * 1000.0))
+    # Drawn with a spread pooled over more trials (more degrees of freedom), as it was compared, it narrows.
+    pool_intervals([trial], (0.0745, 6))
+    assert low < trial.ci95[0] < 891.0 and 1010.0 < trial.ci95[1] < high
     assert "each trial ran once" in noise_sentence(1, None) and "hydra.launcher.repeats=2" in noise_sentence(1, None)
     assert "ran 3 times" in noise_sentence(3, (0.021, 4)) and "2.1 %" in noise_sentence(3, (0.021, 4))
