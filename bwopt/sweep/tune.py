@@ -12,7 +12,7 @@ MLflow parent run, the sweep report), one at a time, each with `measure.ceilings
    vectorised maps, a lossless transfer dtype, interleave width, steps per execution);
 3. each proposal runs on top of the incumbent and is kept only when it is faster beyond the noise
    (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, and,
-   with `hydra.launcher.repeats` >= 2, the spread between repeats pooled over every trial so far)
+   with `repeats` >= 2, the spread between repeats pooled over every trial so far)
    and learned as well (val_accuracy within `sweep.accuracy_tolerance` of the start's); otherwise
    it is reverted, and the table says so;
 4. it stops when the incumbent reaches `target_fraction` of its compute ceiling (the input side
@@ -40,13 +40,11 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from bwopt.measure.advice import cores_bound
 from bwopt.measure.host import available_cores
 from bwopt.schema import SweepConfig
-from bwopt.sweep.search_start import repeat_folders
 from bwopt.sweep.sweeper import prepare_sweep
 from bwopt.sweep.tune_decide import ALLOWED_CHANGES, Budget, Profile, Stage
-from bwopt.sweep.tune_plan import plan
+from bwopt.sweep.tune_plan import busy_cores_reason, plan
 from bwopt.sweep.tune_record import (
     Trial,
     against,
@@ -66,10 +64,6 @@ from bwopt.sweep.tune_record import (
 log = logging.getLogger(__name__)
 
 MEASURING = ["measure.ceilings=true"]
-# Proposals that only add overlap or threads: with every core busy they cannot make a run faster.
-# The share of its cores a trial's training must keep busy, measured, for threads and overlap to be skipped.
-BUSY_SHARE = 0.85
-CONCURRENCY = ("parallelize", "prefetch")
 NOT_PASSED_ON = ("tune", "hparams_search", "measure.ceilings")  # the sweep's own choices
 
 
@@ -83,6 +77,8 @@ class BwoptTunerConf:
 
     Attributes:
         max_trials: trials in all, the start included.
+        repeats: runs of each trial, one after the other (2: their spread, pooled over the trials,
+            enters every comparison; 1: each trial's interval holds only its own run's noise).
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
         allow: opt-in changes that alter the math (precision, batch_size); none is proposed yet.
         memory_share: of the memory available at the start, what caches and prefetch may hold.
@@ -94,6 +90,7 @@ class BwoptTunerConf:
 
     _target_: str = "hydra_plugins.bwopt_tuner.bwopt_tuner.BwoptTuner"
     max_trials: int = 5
+    repeats: int = 2
     target_fraction: float = 0.9
     allow: List[str] = field(default_factory=list)
     memory_share: float = 0.5
@@ -104,6 +101,8 @@ class BwoptTunerConf:
         self.allow = list(self.allow)
         if self.max_trials < 1:
             raise TuneConfigError(f"hydra.sweeper.max_trials={self.max_trials}; expected an integer >= 1")
+        if self.repeats < 1:
+            raise TuneConfigError(f"hydra.sweeper.repeats={self.repeats}; expected an integer >= 1")
         if not 0 < self.target_fraction <= 1:
             raise TuneConfigError(f"hydra.sweeper.target_fraction={self.target_fraction}; expected a value in (0, 1]")
         if not 0 < self.memory_share <= 1:
@@ -203,7 +202,6 @@ class PipelineTuner(Sweeper):
         # `tune=NAME` goes to every trial (as `hparams_search=` does to the search's): a job composes
         # the command line's hydra.sweeper.* overrides, which only this sweeper's schema has.
         self.selection: List[str] = []
-        self.repeats = 1
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -214,7 +212,14 @@ class PipelineTuner(Sweeper):
         self.probe_file = self.sweep_dir / "tune_probe_start.json"
         choice = OmegaConf.select(config, "hydra.runtime.choices.tune")
         self.selection = [f"tune={choice}"] if choice else []
-        self.repeats = getattr(self.launcher, "repeats", 1)  # runs of each trial (bwopt's launcher)
+        launcher_repeats = getattr(self.launcher, "repeats", 1)
+        if launcher_repeats != 1:  # the tuner repeats its trials itself, with any launcher
+            print(
+                f"bwopt: invalid config: hydra.launcher.repeats={launcher_repeats}; tune repeats each trial "
+                f"itself (expected 1; set hydra.sweeper.repeats, now {self.settings.repeats})",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
 
     def sweep(self, arguments: List[str]) -> Any:
         started = time.monotonic()
@@ -266,8 +271,9 @@ class PipelineTuner(Sweeper):
         overrides = [*self.selection, *base, *MEASURING, *changes]
         log.info(f"tune trial {trial.number} ({trial.change}): {trial.reason}")
         cpu_before = children_cpu_s()
-        self.launcher.launch([overrides], initial_job_idx=trial.number)
-        folders = repeat_folders(self.sweep_dir, trial.number, 0, 1, self.repeats)
+        repeats = self.settings.repeats  # folders number x repeats ..., whichever the launcher
+        self.launcher.launch([overrides] * repeats, initial_job_idx=trial.number * repeats)
+        folders = [self.sweep_dir / str(trial.number * repeats + repeat) for repeat in range(repeats)]
         read_repeats(folders, trial)
         trial.cpu_s = children_cpu_s() - cpu_before
         job_files = [folder / "job.json" for folder in folders if (folder / "job.json").is_file()]
@@ -326,7 +332,7 @@ class PipelineTuner(Sweeper):
         plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
         pooled = run_to_run_spread(self.trials)
         pool_intervals(self.trials, pooled)  # the table's and the plot's intervals, as compared
-        line = closing_line(start, final, len(self.trials) * self.repeats, elapsed_s, pooled)
+        line = closing_line(start, final, len(self.trials) * self.settings.repeats, elapsed_s, pooled)
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
         markdown = "\n\n".join(
             [
@@ -334,7 +340,7 @@ class PipelineTuner(Sweeper):
                 f"Stopped: {stop}. Tuned overrides (`tuned.yaml`): `{' '.join(final.overrides_text())}`",
                 table(self.trials),
                 f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
-                noise_sentence(self.repeats, pooled),
+                noise_sentence(self.settings.repeats, pooled),
                 *([f"Not tried: {'; '.join(self.skipped)}"] if self.skipped else []),
             ]
         )
@@ -367,23 +373,3 @@ class PipelineTuner(Sweeper):
         if final.of_ceiling:
             metrics["tune_fraction_of_ceiling"] = final.of_ceiling
         parent.log_figures(metrics, {})
-
-
-def busy_cores_reason(proposal_name: str, incumbent: Trial) -> Optional[str]:
-    """Why a proposal that only adds threads or overlap is not tried on `incumbent`: every core is
-    busy (at 90 % or more of its cores ceiling, below the other ceilings, and, where measured, at
-    least `BUSY_SHARE` of its cores kept busy by training); None when it may help."""
-    others = [value for value in (incumbent.compute_ceiling, incumbent.input_ceiling) if value]
-    if proposal_name not in CONCURRENCY or not incumbent.throughput:
-        return None
-    if not cores_bound(incumbent.throughput, incumbent.cores_ceiling, others):
-        return None
-    busy, cores = incumbent.cores_busy, incumbent.cores_available
-    if busy is not None and cores and busy < BUSY_SHARE * cores:  # the estimate says busy, the clock does not
-        return None
-    measured = "" if busy is None else f", {busy:.2f} cores busy"
-    return (
-        f"every core busy: trial {incumbent.number} runs at {incumbent.throughput / incumbent.cores_ceiling:.2f} "
-        f"of its cores ceiling ({incumbent.cores_ceiling:,.0f} examples/s{measured}), so more threads or overlap "
-        "cannot make it faster"
-    )

@@ -5,12 +5,14 @@ parallelism by water-filling, a cache, prefetch depth, steps per execution) is a
 model in turn; the one with the largest predicted gain is taken, the model updated, and the rest
 weighed again on top of it, until no candidate is predicted to gain `MIN_PREDICTED_GAIN`. Each
 proposal carries its overrides and a one-line reason with the numbers it came from. Pure: no
-TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the model).
+TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the model). `busy_cores_reason` says which
+proposals a measured trial leaves no room for.
 """
 
 from dataclasses import dataclass, replace
-from typing import Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
+from bwopt.measure.advice import cores_bound
 from bwopt.sweep.tune_decide import (
     BATCH,
     MAP,
@@ -30,6 +32,9 @@ from bwopt.sweep.tune_decide import (
     sustainable_rate,
     water_fill,
 )
+
+if TYPE_CHECKING:
+    from bwopt.sweep.tune_record import Trial
 
 
 @dataclass(frozen=True)
@@ -259,3 +264,29 @@ def plan(profile: Profile, budget: Budget, start: dict, kept=(), rejected=()) ->
         predicted = predicted_batch_time_s(state, budget)
         proposals.append(Proposal(candidate_name(candidate), overrides, f"{reason} (model: ×{gain:.2f})", predicted))
     return proposals
+
+
+# Proposals that only add overlap or threads: with every core busy they cannot make a run faster.
+# The share of its cores a trial's training must keep busy, measured, for threads and overlap to be skipped.
+BUSY_SHARE = 0.85
+CONCURRENCY = ("parallelize", "prefetch")
+
+
+def busy_cores_reason(proposal_name: str, incumbent: "Trial") -> Optional[str]:
+    """Why a proposal that only adds threads or overlap is not tried on `incumbent`: every core is
+    busy (at 90 % or more of its cores ceiling, below the other ceilings, and, where measured, at
+    least `BUSY_SHARE` of its cores kept busy by training); None when it may help."""
+    others = [value for value in (incumbent.compute_ceiling, incumbent.input_ceiling) if value]
+    if proposal_name not in CONCURRENCY or not incumbent.throughput:
+        return None
+    if not cores_bound(incumbent.throughput, incumbent.cores_ceiling, others):
+        return None
+    busy, cores = incumbent.cores_busy, incumbent.cores_available
+    if busy is not None and cores and busy < BUSY_SHARE * cores:  # the estimate says busy, the clock does not
+        return None
+    measured = "" if busy is None else f", {busy:.2f} cores busy"
+    return (
+        f"every core busy: trial {incumbent.number} runs at {incumbent.throughput / incumbent.cores_ceiling:.2f} "
+        f"of its cores ceiling ({incumbent.cores_ceiling:,.0f} examples/s{measured}), so more threads or overlap "
+        "cannot make it faster"
+    )

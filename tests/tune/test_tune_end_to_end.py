@@ -19,8 +19,7 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
         "tune=pipeline",
         *WORKLOAD,
         *SMALL,
-        "hydra.sweeper.max_trials=2",
-        "hydra.launcher.repeats=2",
+        "hydra.sweeper.max_trials=2",  # and hydra.sweeper.repeats=2, the default
         "hydra.sweep.dir=tuning",
         cwd=tmp_path,
     )
@@ -76,6 +75,8 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
     [
         ("hydra.sweeper.max_trials=0", "hydra.sweeper.max_trials=0"),
         ("hydra.sweeper.allow=[layers]", "hydra.sweeper.allow=['layers']"),
+        ("hydra.sweeper.repeats=0", "hydra.sweeper.repeats=0"),
+        ("hydra.launcher.repeats=2", "hydra.launcher.repeats=2"),
         ("pipeline.prefetch=0,2", "pipeline.prefetch=0,2"),
     ],
 )

@@ -27,7 +27,7 @@ def test_a_trial_is_measured_against_its_lowest_ceiling_the_cores_one_included()
 
 
 def test_with_every_core_busy_tune_does_not_try_more_threads_or_overlap_but_still_tries_less_cpu():
-    from bwopt.sweep.tune import busy_cores_reason
+    from bwopt.sweep.tune_plan import busy_cores_reason
 
     busy = Trial(1, "parallelize", "…", {}, 22_000.0, [21_000.0, 23_000.0], 100_000.0, 29_000.0)
     busy.cores_ceiling = 24_000.0  # 0.92 of it, below the input and compute ceilings
