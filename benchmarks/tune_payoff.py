@@ -1,8 +1,8 @@
 """What `tune=pipeline` pays: its result re-measured side by side against the start and the alternatives.
 
 1. The tuning itself, as users run it: `python -m bwopt -m tune=pipeline WORKLOAD pipeline=naive`
-   in a fresh process (bwopt's launcher: every trial a fresh process; tracking=none), timed by the
-   wall clock; its tuned.yaml, number of trials and closing line are read back.
+   in a fresh process (bwopt's launcher: every run a fresh process, two per trial; tracking=none), timed by the
+   wall clock; its tuned.yaml, number of runs and closing line are read back.
 2. Optionally (`--search N`) the Optuna search over the same workload, `hparams_search=pipeline`
    with N trials, its best overrides read from search.yaml.
 3. The final configurations re-measured in this process, alternated round by round (order
@@ -20,7 +20,7 @@
    run's efficiency), and each side's throughput ÷ its cores ceiling (what the step and the
    pipeline reach together on the cores they share).
 
-Targets (issue of record: tune): tune ÷ start ≥ 1, tune ≥ 0.9 of min(ceilings), tune ≥ 1.2 × autotune
+Targets: tune ÷ start ≥ 1, tune ≥ 0.9 of min(ceilings), tune ≥ 1.2 × autotune
 everything (where caching or placement matters), tune ≥ pipeline=tuned, tune ≥ search's best.
 
 Run: `.venv/bin/python benchmarks/tune_payoff.py [--workload pipelines|imagenet_like] [--search N]
@@ -71,13 +71,14 @@ def bwopt_sweep(arguments, folder: Path) -> float:
 
 
 def tune(workload, folder: Path, max_trials: int):
-    settings = [f"hydra.sweeper.max_trials={max_trials}", *(["hydra.sweeper.probe=false"] if SMOKE else [])]
+    smoke = ["hydra.sweeper.probe=false", "hydra.sweeper.repeats=1"] if SMOKE else []
+    settings = [f"hydra.sweeper.max_trials={max_trials}", *smoke]
     wall_s = bwopt_sweep(["tune=pipeline", *workload, "pipeline=naive", *settings], folder)
     tuned = (folder / "tuned.yaml").read_text().split()
     report = (folder / "tune.md").read_text()
     closing = report.splitlines()[0].strip("*")
-    trials = len([path for path in folder.iterdir() if path.is_dir() and path.name.isdigit()])
-    return tuned, closing, trials, wall_s
+    runs = len([path for path in folder.iterdir() if path.is_dir() and path.name.isdigit()])
+    return tuned, closing, runs, wall_s
 
 
 def search(workload, folder: Path, num_trials: int):
@@ -96,8 +97,8 @@ def main() -> None:
     print(f"tune_payoff: {arguments.workload}, {arguments.rounds} alternated round(s); {load_line()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bwopt-tune-payoff-") as scratch:
         scratch = Path(scratch)
-        tuned, closing, trials, tune_s = tune(workload, scratch / "tune", 1 if SMOKE else 5)
-        print(f"tune: {trials} trial(s), {tune_s:.0f} s: {closing}")
+        tuned, closing, runs, tune_s = tune(workload, scratch / "tune", 1 if SMOKE else 5)
+        print(f"tune: {runs} run(s), {tune_s:.0f} s: {closing}")
         print(f"  tuned.yaml: {' '.join(tuned)}", flush=True)
         sides = {
             "start": [*workload, "pipeline=naive"],
@@ -139,7 +140,7 @@ def report(summaries) -> None:
     # ratio to the lowest is the highest of the ratios to each.
     of_ceiling = [max(of_each(s)) for s in summaries["tune"]]
     note = f"target >= {TARGET_OF_CEILING:g}: {verdict(of_ceiling, TARGET_OF_CEILING)}"
-    print(f"ratio tune throughput / min(compute, input, cores ceilings): {spread(of_ceiling, '.2f')}  {note}")
+    print(f"ratio tune throughput / min(ceilings) (compute, input, cores): {spread(of_ceiling, '.2f')}  {note}")
     of_two = [s.measurements["efficiency"] for s in summaries["tune"]]
     print(f"ratio tune throughput / min(compute, input ceilings), the efficiency: {spread(of_two, '.2f')}")
     # Where the step and the pipeline share the cores, what they reach together (bwopt.measure.ceilings).

@@ -233,7 +233,7 @@ class PipelineTuner(Sweeper):
         budget = Budget(budget.cores, budget.memory_bytes * self.settings.memory_share)
         start = self._run(base, Trial(0, "start", "the workload as given", {}))
         if start.failed:
-            raise RuntimeError(f"the start trial failed; see {self.sweep_dir / '0'}")
+            raise RuntimeError(f"the start trial failed; see {', '.join(map(str, self.folders(0)))}")
         start.kept = True
         incumbent = start
         next_proposal = self._planner(base, start, budget)
@@ -271,15 +271,20 @@ class PipelineTuner(Sweeper):
         overrides = [*self.selection, *base, *MEASURING, *changes]
         log.info(f"tune trial {trial.number} ({trial.change}): {trial.reason}")
         cpu_before = children_cpu_s()
-        repeats = self.settings.repeats  # folders number x repeats ..., whichever the launcher
-        self.launcher.launch([overrides] * repeats, initial_job_idx=trial.number * repeats)
-        folders = [self.sweep_dir / str(trial.number * repeats + repeat) for repeat in range(repeats)]
+        folders = self.folders(trial.number)
+        for folder in folders:  # one launch each: one after the other, whichever the launcher
+            self.launcher.launch([overrides], initial_job_idx=int(folder.name))
         read_repeats(folders, trial)
         trial.cpu_s = children_cpu_s() - cpu_before
         job_files = [folder / "job.json" for folder in folders if (folder / "job.json").is_file()]
         trial.wall_s = sum(json.loads(job_file.read_text()).get("wall_s", 0.0) for job_file in job_files)
         self.trials.append(trial)
         return trial
+
+    def folders(self, number: int) -> List[Path]:
+        """The job folders of trial `number`'s repeats: number x repeats, ... (+ repeats - 1)."""
+        repeats = self.settings.repeats
+        return [self.sweep_dir / str(number * repeats + repeat) for repeat in range(repeats)]
 
     def _planner(self, base: List[str], start: Trial, budget: Budget):
         """(kept, rejected) -> the next proposal, planned from the start's probe on top of what was kept.
@@ -290,7 +295,8 @@ class PipelineTuner(Sweeper):
         if not self.settings.probe:
             return lambda kept, rejected: None
         picture = run_probe(base, self.probe_file)
-        config_file = self.sweep_dir / "0" / ".hydra" / "config.yaml"
+        configs = [folder / ".hydra" / "config.yaml" for folder in self.folders(0)]
+        config_file = next((path for path in configs if path.is_file()), configs[0])  # the repeats' are alike
         knobs = start_knobs(OmegaConf.load(config_file), budget.cores)
         profile = profile_of(picture, start)
         for number, proposal in enumerate(plan(profile, budget, knobs), 1):
@@ -328,10 +334,10 @@ class PipelineTuner(Sweeper):
 
     def _finish(self, base: List[str], final: Trial, stop: str, elapsed_s: float) -> Dict[str, Any]:
         start = self.trials[0]
-        tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
-        plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
         pooled = run_to_run_spread(self.trials)
         pool_intervals(self.trials, pooled)  # the table's and the plot's intervals, as compared
+        tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
+        plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
         line = closing_line(start, final, len(self.trials) * self.settings.repeats, elapsed_s, pooled)
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
         markdown = "\n\n".join(

@@ -27,8 +27,8 @@ class Trial:
     """One tuning trial: what it changed and what it measured.
 
     Attributes:
-        number: its number (the folder of its first repeat in the sweep folder; with
-            `hydra.launcher.repeats` = k, repeats in folders number x k .. number x k + k - 1).
+        number: its number; with `hydra.sweeper.repeats` = k its repeats ran in the sweep
+            folder's job folders number x k .. number x k + k - 1.
         change: the proposal's name ("start" for the first).
         reason: why it was proposed, with numbers.
         overrides: tune's own overrides it ran with (key -> value), on top of the workload's.
@@ -120,13 +120,13 @@ def read_trial(folder: Path, trial: Trial) -> Trial:
     return trial
 
 
-MEDIANS = ("throughput", "compute_ceiling", "input_ceiling", "cores_ceiling", "cores_busy")
+MEDIANS = ("throughput", "compute_ceiling", "input_ceiling", "cores_ceiling", "cores_busy", "val_accuracy")
 
 
 def read_repeats(folders: Sequence[Path], trial: Trial) -> Trial:
     """`trial` from the job folders of its repeats: the medians of the finished ones' throughputs (as
-    the launcher folds a sweep's repeats) and ceilings, and each one's throughput with its run's
-    interval; the step's partition and the accuracy from the first that finished."""
+    the launcher folds a sweep's repeats), ceilings and accuracies, and each one's throughput with
+    its run's interval; the step's partition from the first that finished."""
     reads = [read_trial(folder, replace(trial)) for folder in folders]
     finished = [read for read in reads if not read.failed]
     first = finished[0] if finished else reads[0]
@@ -153,7 +153,7 @@ def pool_intervals(trials: Sequence[Trial], pooled: Optional[Tuple[float, int]])
     compared (one trial's own two repeats give a spread of one degree of freedom: t = 12.7)."""
     if pooled is not None:
         for trial in trials:
-            if len(trial.repeats) > 1:
+            if trial.repeats:  # one finished repeat of several was compared with the pooled spread too
                 trial.ci95 = mean_interval(trial, pooled)
 
 
@@ -199,17 +199,22 @@ def table(trials: Sequence[Trial]) -> str:
 def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]]) -> str:
     """What the trials' intervals hold: one run's noise, or the run-to-run spread the repeats measured."""
     if pooled is None:
-        ran = "each trial ran once" if repeats == 1 else "no trial finished two of its repeats"
+        within = (
+            "each interval holds the noise within one run (blocks of its timed steps), "
+            "not the noise from one run to the next"
+        )
+        if repeats > 1:
+            return f"Noise: no trial finished two of its {repeats} repeats, so {within}."
         return (
-            f"Noise: {ran}, so each interval holds the noise within one run (blocks of its timed "
-            "steps), not the noise from one run to the next; `hydra.launcher.repeats=2` runs each "
-            "trial twice and pools the spread between repeats into every comparison."
+            f"Noise: each trial ran once, so {within}; `hydra.sweeper.repeats=2` (the default) runs "
+            "each trial twice and pools the spread between repeats into every comparison."
         )
     spread, degrees = pooled
     return (
         f"Noise: each trial ran {repeats} times, one after the other; every comparison holds each run's "
         f"interval and the spread between repeats, pooled over the trials: {spread * 100:.1f} % of throughput "
-        f"(standard deviation, {degrees} degrees of freedom)."
+        f"(standard deviation, {degrees} degrees of freedom). Drift of the machine between one trial's "
+        "runs and the next trial's is not in it."
     )
 
 

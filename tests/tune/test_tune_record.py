@@ -119,5 +119,6 @@ def test_a_trial_reads_every_repeat_and_leaves_out_one_that_did_not_finish(tmp_p
     # Drawn with a spread pooled over more trials (more degrees of freedom), as it was compared, it narrows.
     pool_intervals([trial], (0.0745, 6))
     assert low < trial.ci95[0] < 891.0 and 1010.0 < trial.ci95[1] < high
-    assert "each trial ran once" in noise_sentence(1, None) and "hydra.launcher.repeats=2" in noise_sentence(1, None)
+    assert "each trial ran once" in noise_sentence(1, None) and "hydra.sweeper.repeats=2" in noise_sentence(1, None)
+    assert "no trial finished two of its 2 repeats" in noise_sentence(2, None)
     assert "ran 3 times" in noise_sentence(3, (0.021, 4)) and "2.1 %" in noise_sentence(3, (0.021, 4))
