@@ -123,6 +123,7 @@ class ProcessPerJobLauncher(Launcher):
         self.parent_name: Optional[str] = None  # set by a sweeper (bwopt.sweep.search); else from the overrides
         # the keys the jobs' runs are named by: set by a sweeper (the searched keys); else those that vary in a batch
         self.swept_keys: Optional[List[str]] = None
+        self.log_ranking = True  # the report's sentence in the log; off under a sweeper that judges its own (tune)
         self._named_by: List[str] = []
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -374,7 +375,7 @@ class ProcessPerJobLauncher(Launcher):
         report = None
         try:
             report = write_report(sweep_dir)
-            if report.ranking.sentence:  # the sweep's answer, with its interval, as the last word
+            if self.log_ranking and report.ranking.sentence:  # the sweep's answer, with its interval, as the last word
                 log.info(report.ranking.sentence)
             log.info(f"Sweep report: {report.markdown_file}")
         except Exception as error:

@@ -212,6 +212,8 @@ class PipelineTuner(Sweeper):
         self.probe_file = self.sweep_dir / "tune_probe_start.json"
         choice = OmegaConf.select(config, "hydra.runtime.choices.tune")
         self.selection = [f"tune={choice}"] if choice else []
+        if hasattr(self.launcher, "log_ranking"):  # each trial's own comparison is the word, not the folder's
+            self.launcher.log_ranking = False
         launcher_repeats = getattr(self.launcher, "repeats", 1)
         if launcher_repeats != 1:  # the tuner repeats its trials itself, with any launcher
             print(

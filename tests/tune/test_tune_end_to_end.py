@@ -47,6 +47,9 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
     report = (sweep / "tune.md").read_text()
     closing = next(line for line in result.stdout.splitlines() if line.startswith("tuned: "))
     assert f"**{closing}**" in report and "4 runs" in closing
+    # each trial's word is tune's own comparison; the folder's sweep ranking stays in report.md
+    log = result.stdout + result.stderr
+    assert "Sweep report:" in log and "Best: " not in log and "No best: " not in log
     # a kept change states its gain with its interval; a reverted one claims none
     assert ("95 % CI" in closing) == bool(kept) != ("no change beat the start beyond the noise" in closing)
     assert report.count("\n| ") >= 3  # header, start, the one proposal
