@@ -1,8 +1,9 @@
 """What `tune=pipeline` pays: its result re-measured side by side against the start and the alternatives.
 
 1. The tuning itself, as users run it: `python -m bwopt -m tune=pipeline WORKLOAD pipeline=naive`
-   in a fresh process (bwopt's launcher: every run a fresh process, two per trial; tracking=none), timed by the
-   wall clock; its tuned.yaml, number of runs and closing line are read back.
+   in a fresh process (bwopt's launcher: every run a fresh process, two per trial and the
+   incumbent once more beside each candidate; tracking=none), timed by the wall clock; its
+   tuned.yaml, number of runs and closing line are read back.
 2. Optionally (`--search N`) the Optuna search over the same workload, `hparams_search=pipeline`
    with N trials, its best overrides read from search.yaml.
 3. The final configurations re-measured in this process, alternated round by round (order

@@ -10,9 +10,11 @@ MLflow parent run, the sweep report), one at a time, each with `measure.ceilings
    its reason, planned again after every revert on top of the changes kept; only settings that
    keep the examples and the math (parallelism, prefetch, cache before every random stage,
    vectorised maps, a lossless transfer dtype, interleave width, steps per execution);
-3. each proposal runs on top of the incumbent and is kept only when it is faster beyond the noise
-   (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, and,
-   with `repeats` >= 2, the spread between repeats pooled over every trial so far)
+3. each proposal runs on top of the incumbent, its repeats around one more run of the incumbent
+   (`rerun_incumbent`), and is kept only when it is faster beyond the noise
+   (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, and
+   the spread between runs of one setting pooled over every trial so far, which the incumbent's
+   runs spread over the tuning make hold the machine's drift too)
    and learned as well (val_accuracy within `sweep.accuracy_tolerance` of the start's); otherwise
    it is reverted, and the table says so;
 4. it stops when the incumbent reaches `target_fraction` of its compute ceiling (the input side
@@ -79,6 +81,9 @@ class BwoptTunerConf:
         max_trials: trials in all, the start included.
         repeats: runs of each trial, one after the other (2: their spread, pooled over the trials,
             enters every comparison; 1: each trial's interval holds only its own run's noise).
+        rerun_incumbent: run the incumbent once more between a candidate's repeats (before its
+            one run with repeats=1), so that runs of one setting span the tuning and their pooled
+            spread holds the drift between trials, and the candidate has a neighbour to face.
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
         allow: opt-in changes that alter the math (precision, batch_size); none is proposed yet.
         memory_share: of the memory available at the start, what caches and prefetch may hold.
@@ -91,6 +96,7 @@ class BwoptTunerConf:
     _target_: str = "hydra_plugins.bwopt_tuner.bwopt_tuner.BwoptTuner"
     max_trials: int = 5
     repeats: int = 2
+    rerun_incumbent: bool = True
     target_fraction: float = 0.9
     allow: List[str] = field(default_factory=list)
     memory_share: float = 0.5
@@ -198,6 +204,7 @@ class PipelineTuner(Sweeper):
         self.sweep_dir = Path(".")
         self.probe_file = self.sweep_dir / "tune_probe_start.json"
         self.trials: List[Trial] = []
+        self.launched = 0  # runs so far: the next one's job folder
         self.skipped: List[str] = []
         # `tune=NAME` goes to every trial (as `hparams_search=` does to the search's): a job composes
         # the command line's hydra.sweeper.* overrides, which only this sweeper's schema has.
@@ -235,7 +242,7 @@ class PipelineTuner(Sweeper):
         budget = Budget(budget.cores, budget.memory_bytes * self.settings.memory_share)
         start = self._run(base, Trial(0, "start", "the workload as given", {}))
         if start.failed:
-            raise RuntimeError(f"the start trial failed; see {', '.join(map(str, self.folders(0)))}")
+            raise RuntimeError(f"the start trial failed; see {', '.join(map(str, start.folders))}")
         start.kept = True
         incumbent = start
         next_proposal = self._planner(base, start, budget)
@@ -262,31 +269,41 @@ class PipelineTuner(Sweeper):
             candidate = Trial(
                 len(self.trials), proposal.name, proposal.reason, {**incumbent.overrides, **proposal.overrides}
             )
-            self._run(base, candidate)
+            self._run(base, candidate, incumbent)
             self._judge(candidate, incumbent, start)
             (kept if candidate.kept else rejected).append(proposal.name)
             incumbent = candidate if candidate.kept else incumbent
         return self._finish(base, incumbent, stop, time.monotonic() - started)
 
-    def _run(self, base: List[str], trial: Trial) -> Trial:
-        changes = (f"{key}={value}" for key, value in trial.overrides.items())
-        overrides = [*self.selection, *base, *MEASURING, *changes]
+    def _run(self, base: List[str], trial: Trial, incumbent: Optional[Trial] = None) -> Trial:
+        """Trial's repeats, each a launch of its own, one after the other whichever the launcher; with
+        `rerun_incumbent`, one more run of `incumbent` among them (c, i, c), read into it too."""
         log.info(f"tune trial {trial.number} ({trial.change}): {trial.reason}")
-        cpu_before = children_cpu_s()
-        folders = self.folders(trial.number)
-        for folder in folders:  # one launch each: one after the other, whichever the launcher
-            self.launcher.launch([overrides], initial_job_idx=int(folder.name))
-        read_repeats(folders, trial)
-        trial.cpu_s = children_cpu_s() - cpu_before
-        job_files = [folder / "job.json" for folder in folders if (folder / "job.json").is_file()]
-        trial.wall_s = sum(json.loads(job_file.read_text()).get("wall_s", 0.0) for job_file in job_files)
+        order = [trial] * self.settings.repeats
+        rerun = incumbent is not None and self.settings.rerun_incumbent
+        if rerun:
+            order.insert(self.settings.repeats // 2, incumbent)
+        for who in order:
+            if who is incumbent:
+                log.info(f"tune trial {incumbent.number} ({incumbent.change}) runs again beside it")
+            self._launch(base, who)
+        read_repeats(trial.folders, trial)
+        if rerun:  # the incumbent's figures, now over its runs spread over the tuning
+            read_repeats(incumbent.folders, incumbent)
         self.trials.append(trial)
         return trial
 
-    def folders(self, number: int) -> List[Path]:
-        """The job folders of trial `number`'s repeats: number x repeats, ... (+ repeats - 1)."""
-        repeats = self.settings.repeats
-        return [self.sweep_dir / str(number * repeats + repeat) for repeat in range(repeats)]
+    def _launch(self, base: List[str], trial: Trial) -> None:
+        """One run of `trial` in the sweep's next job folder; its wall and CPU time count to the trial."""
+        changes = (f"{key}={value}" for key, value in trial.overrides.items())
+        folder = self.sweep_dir / str(self.launched)
+        self.launched += 1
+        trial.folders.append(folder)
+        cpu_before = children_cpu_s()
+        self.launcher.launch([[*self.selection, *base, *MEASURING, *changes]], initial_job_idx=int(folder.name))
+        trial.cpu_s += children_cpu_s() - cpu_before
+        if (folder / "job.json").is_file():
+            trial.wall_s += json.loads((folder / "job.json").read_text()).get("wall_s", 0.0)
 
     def _planner(self, base: List[str], start: Trial, budget: Budget):
         """(kept, rejected) -> the next proposal, planned from the start's probe on top of what was kept.
@@ -297,7 +314,7 @@ class PipelineTuner(Sweeper):
         if not self.settings.probe:
             return lambda kept, rejected: None
         picture = run_probe(base, self.probe_file)
-        configs = [folder / ".hydra" / "config.yaml" for folder in self.folders(0)]
+        configs = [folder / ".hydra" / "config.yaml" for folder in start.folders]
         config_file = next((path for path in configs if path.is_file()), configs[0])  # the repeats' are alike
         knobs = start_knobs(OmegaConf.load(config_file), budget.cores)
         profile = profile_of(picture, start)
@@ -340,7 +357,7 @@ class PipelineTuner(Sweeper):
         pool_intervals(self.trials, pooled)  # the table's and the plot's intervals, as compared
         tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
         plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
-        line = closing_line(start, final, len(self.trials) * self.settings.repeats, elapsed_s, pooled)
+        line = closing_line(start, final, self.launched, elapsed_s, pooled)
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
         markdown = "\n\n".join(
             [
@@ -348,7 +365,7 @@ class PipelineTuner(Sweeper):
                 f"Stopped: {stop}. Tuned overrides (`tuned.yaml`): `{' '.join(final.overrides_text())}`",
                 table(self.trials),
                 f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
-                noise_sentence(self.settings.repeats, pooled),
+                noise_sentence(self.settings.repeats, pooled, self.settings.rerun_incumbent),
                 *([f"Not tried: {'; '.join(self.skipped)}"] if self.skipped else []),
             ]
         )

@@ -17,8 +17,9 @@ from bwopt.measure.uncertainty import Z_95, Comparison, compare, log_estimate, p
 from bwopt.sweep.results import read_job, read_summary
 
 TABLE_HEADER = (
-    "| trial | change | reason | throughput, examples/s (95 % CI) | × start | of min(ceilings) | kept |\n"
-    "|---|---|---|---|---|---|---|"
+    "| trial | change | reason | throughput, examples/s (95 % CI) | × start | of min(ceilings) | kept "
+    "| runs (job folders) |\n"
+    "|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -27,14 +28,15 @@ class Trial:
     """One tuning trial: what it changed and what it measured.
 
     Attributes:
-        number: its number; with `hydra.sweeper.repeats` = k its repeats ran in the sweep
-            folder's job folders number x k .. number x k + k - 1.
+        number: its number (0: the start).
         change: the proposal's name ("start" for the first).
         reason: why it was proposed, with numbers.
         overrides: tune's own overrides it ran with (key -> value), on top of the workload's.
         throughput, ci95: examples/s and its 95 % interval (None when the job failed); with several
             repeats, their median and the interval of their mean (`estimate`).
         repeats: (examples/s, its run's 95 % interval) of each finished repeat.
+        folders: the job folders of its runs, in launch order (its repeats, and an incumbent's
+            runs beside later candidates).
         compute_ceiling, input_ceiling, cores_ceiling: examples/s (None when not measured; the
             cores ceiling is what the step and the pipeline sustain together on the cores they share).
         cores_busy, cores_available: the cores its training kept busy, measured over its timed
@@ -66,6 +68,7 @@ class Trial:
     against_incumbent: Optional[Comparison] = None
     note: str = ""
     repeats: List[Tuple[float, Optional[List[float]]]] = field(default_factory=list)
+    folders: List[Path] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -191,30 +194,44 @@ def table(trials: Sequence[Trial]) -> str:
         changed = ", ".join(f"`{key}={value}`" for key, value in trial.overrides.items()) if trial.number else ""
         change = f"{trial.change}: {changed}" if changed else trial.change
         kept = "yes" if trial.kept else f"no: {trial.note}" if trial.note else "no"
-        cells = [str(trial.number), change, trial.reason.replace("|", "/"), figure_text(trial), ratio, of_ceiling, kept]
+        runs = f"{len(trial.folders)} ({', '.join(folder.name for folder in trial.folders)})" if trial.folders else ""
+        reason = trial.reason.replace("|", "/")
+        cells = [str(trial.number), change, reason, figure_text(trial), ratio, of_ceiling, kept, runs]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
-def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]]) -> str:
-    """What the trials' intervals hold: one run's noise, or the run-to-run spread the repeats measured."""
+def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], rerun_incumbent: bool = False) -> str:
+    """What the trials' intervals hold: one run's noise, or the spread between runs of one setting,
+    with the drift between trials where the incumbent ran again beside each candidate."""
     if pooled is None:
         within = (
             "each interval holds the noise within one run (blocks of its timed steps), "
             "not the noise from one run to the next"
         )
-        if repeats > 1:
-            return f"Noise: no trial finished two of its {repeats} repeats, so {within}."
+        if repeats > 1 or rerun_incumbent:
+            return f"Noise: no setting finished two runs, so {within}."
         return (
             f"Noise: each trial ran once, so {within}; `hydra.sweeper.repeats=2` (the default) runs "
             "each trial twice and pools the spread between repeats into every comparison."
         )
     spread, degrees = pooled
+    runs = "once" if repeats == 1 else f"{repeats} times"
+    if rerun_incumbent:
+        how = (
+            f"Noise: each trial ran {runs}, and the incumbent once more beside each candidate, so "
+            "an incumbent's runs span the trials and the spread between runs of one setting holds the "
+            "machine's drift from trial to trial too"
+        )
+    else:
+        how = (
+            f"Noise: each trial ran {runs}, one after the other (drift of the machine between one "
+            "trial's runs and the next trial's is not in the spread: `hydra.sweeper.rerun_incumbent=true` "
+            "puts it there)"
+        )
     return (
-        f"Noise: each trial ran {repeats} times, one after the other; every comparison holds each run's "
-        f"interval and the spread between repeats, pooled over the trials: {spread * 100:.1f} % of throughput "
-        f"(standard deviation, {degrees} degrees of freedom). Drift of the machine between one trial's "
-        "runs and the next trial's is not in it."
+        f"{how}. Every comparison holds each run's interval and that spread, pooled over the trials: "
+        f"{spread * 100:.1f} % of throughput (standard deviation, {degrees} degrees of freedom)."
     )
 
 

@@ -1,6 +1,7 @@
 """`python -m bwopt -m tune=pipeline ...` as users run it: real trials, each a fresh process, one parent run."""
 
 import json
+import statistics
 
 import pytest
 import yaml
@@ -19,20 +20,22 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
         "tune=pipeline",
         *WORKLOAD,
         *SMALL,
-        "hydra.sweeper.max_trials=2",  # and hydra.sweeper.repeats=2, the default
+        "hydra.sweeper.max_trials=2",  # and hydra.sweeper.repeats=2, rerun_incumbent=true, the defaults
         "hydra.sweep.dir=tuning",
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = tmp_path / "tuning"
     folders = sorted(int(path.name) for path in sweep.iterdir() if path.is_dir() and path.name.isdigit())
-    assert folders == [0, 1, 2, 3]  # max_trials bounds the trials, the start included; each ran twice
+    # max_trials bounds the trials, the start included; each ran twice, the start once more between
+    # the proposal's two runs
+    assert folders == [0, 1, 2, 3, 4]
 
-    # every run had the sweep's own choice; the start's two (folders 0, 1) ran the workload as given,
-    # the proposal's two (2, 3) the same change
+    # every run had the sweep's own choice; the start's three (folders 0, 1 and 3) ran the workload
+    # as given, the proposal's two (2, 4) the same change
     ran = [yaml.safe_load((sweep / str(n) / ".hydra" / "overrides.yaml").read_text()) for n in folders]
     assert all("tune=pipeline" in overrides and "measure.ceilings=true" in overrides for overrides in ran)
-    assert ran[0] == ran[1] and ran[2] == ran[3]
+    assert ran[0] == ran[1] == ran[3] and ran[2] == ran[4]
     assert not [item for item in ran[0] if item.startswith("pipeline.")]
     changed = [item for item in ran[2] if item not in ran[0]]
     assert changed and all(item.startswith(("pipeline.", "train.steps_per_execution")) for item in changed)
@@ -46,7 +49,7 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
 
     report = (sweep / "tune.md").read_text()
     closing = next(line for line in result.stdout.splitlines() if line.startswith("tuned: "))
-    assert f"**{closing}**" in report and "4 runs" in closing
+    assert f"**{closing}**" in report and "5 runs" in closing
     # each trial's word is tune's own comparison; the folder's sweep ranking stays in report.md
     log = result.stdout + result.stderr
     assert "Sweep report:" in log and "Best: " not in log and "No best: " not in log
@@ -54,9 +57,13 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
     assert ("95 % CI" in closing) == bool(kept) != ("no change beat the start beyond the noise" in closing)
     assert report.count("\n| ") >= 3  # header, start, the one proposal
     assert "The start's stages" in report and "| map (augment) | map |" in report  # what the plan came from
-    assert ("| yes |" in report.split("\n| 1 |")[1].splitlines()[0]) == bool(kept)
-    # the comparisons held the run-to-run spread the repeats measured, and the report says so
-    assert "each trial ran 2 times" in report and "2 degrees of freedom" in report
+    rows = {line.split(" | ")[0]: line for line in report.splitlines() if line.startswith("| ")}
+    assert ("| yes |" in rows["| 1"]) == bool(kept)
+    assert rows["| 0"].endswith("| 3 (0, 1, 3) |") and rows["| 1"].endswith("| 2 (2, 4) |")
+    # the comparisons held the spread between runs of one setting, the start's spanning the
+    # tuning, and the report says so: 2 + 1 degrees of freedom
+    assert "each trial ran 2 times, and the incumbent once more beside each candidate" in report
+    assert "3 degrees of freedom" in report
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("bwopt")
@@ -65,9 +72,10 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     summaries = [json.loads((sweep / str(n) / "summary.json").read_text()) for n in folders]
     assert sorted(child.info.run_id for child in children) == sorted(summary["run_id"] for summary in summaries)
-    final = summaries[2:] if kept else summaries[:2]  # the tuned trial's figure: the median of its repeats
+    # the tuned trial's figure: the median of its runs
+    final = [summaries[2], summaries[4]] if kept else [summaries[0], summaries[1], summaries[3]]
     assert parent.data.metrics["tune_throughput_examples_per_s"] == pytest.approx(
-        sum(summary["figures"]["throughput_examples_per_s"] for summary in final) / 2
+        statistics.median(summary["figures"]["throughput_examples_per_s"] for summary in final)
     )
     artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
     assert {"tuned.yaml", "tune.md", "tune_path.png", "tune_probe_start.json"} <= artifacts

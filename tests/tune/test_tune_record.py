@@ -120,5 +120,23 @@ def test_a_trial_reads_every_repeat_and_leaves_out_one_that_did_not_finish(tmp_p
     pool_intervals([trial], (0.0745, 6))
     assert low < trial.ci95[0] < 891.0 and 1010.0 < trial.ci95[1] < high
     assert "each trial ran once" in noise_sentence(1, None) and "hydra.sweeper.repeats=2" in noise_sentence(1, None)
-    assert "no trial finished two of its 2 repeats" in noise_sentence(2, None)
+    assert "no setting finished two runs" in noise_sentence(2, None)
     assert "ran 3 times" in noise_sentence(3, (0.021, 4)) and "2.1 %" in noise_sentence(3, (0.021, 4))
+    assert "not in the spread" in noise_sentence(2, (0.021, 4))  # without the incumbent's re-runs
+    assert "drift from trial to trial too" in noise_sentence(2, (0.021, 4), rerun_incumbent=True)
+
+
+def test_an_incumbent_run_again_beside_a_candidate_puts_the_machines_drift_into_the_comparison():
+    """The machine speeds up by 20 % between the start's runs and a candidate's, which changes
+    nothing: the candidate's two runs agree with each other as the start's did, so against the
+    start's old runs it reads faster beyond their spread. The start's run between the candidate's
+    reads the new speed too: the spread of one setting's runs then holds the drift, and the same
+    candidate is no longer called faster."""
+    from bwopt.sweep.tune_record import against, run_to_run_spread
+
+    start = repeated(0, [(1000.0, [995.0, 1005.0]), (1004.0, [999.0, 1009.0])])
+    candidate = repeated(1, [(1200.0, [1194.0, 1206.0]), (1203.0, [1197.0, 1209.0])])
+    assert against(candidate, start, run_to_run_spread([start, candidate])).word == "faster"
+    start.repeats.append((1198.0, [1192.0, 1204.0]))  # its run between the candidate's
+    comparison = against(candidate, start, run_to_run_spread([start, candidate]))
+    assert comparison.word == "no difference detected", comparison
