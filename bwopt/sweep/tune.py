@@ -11,10 +11,10 @@ MLflow parent run, the sweep report), one at a time, each with `measure.ceilings
    keep the examples and the math (parallelism, prefetch, cache before every random stage,
    vectorised maps, a lossless transfer dtype, interleave width, steps per execution);
 3. each proposal runs on top of the incumbent, its repeats around one more run of the incumbent
-   (`rerun_incumbent`), and is kept only when it is faster beyond the noise
-   (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, and
-   the spread between runs of one setting pooled over every trial so far, which the incumbent's
-   runs spread over the tuning make hold the machine's drift too)
+   (`rerun_incumbent`), and is kept only when it is faster beyond the noise than the incumbent's
+   run beside it (bwopt.measure.uncertainty.compare of the two estimates: each run's own
+   interval, and the spread between a trial's repeats pooled over every trial so far), so the
+   machine's drift between trials drops out
    and learned as well (val_accuracy within `sweep.accuracy_tolerance` of the start's); otherwise
    it is reverted, and the table says so;
 4. it stops when the incumbent reaches `target_fraction` of its compute ceiling (the input side
@@ -43,6 +43,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from bwopt.measure.host import available_cores
+from bwopt.memory import available_memory_bytes
 from bwopt.schema import SweepConfig
 from bwopt.sweep.sweeper import prepare_sweep
 from bwopt.sweep.tune_decide import ALLOWED_CHANGES, Budget, Profile, Stage
@@ -53,6 +54,7 @@ from bwopt.sweep.tune_record import (
     closing_line,
     cores_used,
     noise_sentence,
+    over_start,
     plot_path,
     pool_intervals,
     ratio_text,
@@ -80,10 +82,10 @@ class BwoptTunerConf:
     Attributes:
         max_trials: trials in all, the start included.
         repeats: runs of each trial, one after the other (2: their spread, pooled over the trials,
-            enters every comparison; 1: each trial's interval holds only its own run's noise).
+            enters every comparison; 1: each interval holds only its own run's noise).
         rerun_incumbent: run the incumbent once more between a candidate's repeats (before its
-            one run with repeats=1), so that runs of one setting span the tuning and their pooled
-            spread holds the drift between trials, and the candidate has a neighbour to face.
+            one run with repeats=1) and compare the candidate with that run: the two share their
+            minutes, so the machine's drift between trials drops out of the comparison.
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
         allow: opt-in changes that alter the math (precision, batch_size); none is proposed yet.
         memory_share: of the memory available at the start, what caches and prefetch may hold.
@@ -165,13 +167,6 @@ def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
         steps_per_epoch=picture["steps_per_epoch"],
         epochs=picture["epochs"],
     )
-
-
-def available_memory_bytes() -> float:
-    try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 2.0**33
 
 
 def children_cpu_s() -> float:
@@ -286,19 +281,21 @@ class PipelineTuner(Sweeper):
         for who in order:
             if who is incumbent:
                 log.info(f"tune trial {incumbent.number} ({incumbent.change}) runs again beside it")
-            self._launch(base, who)
-        read_repeats(trial.folders, trial)
+            self._launch(base, who, block=trial.number)
+        read_repeats(trial.folders, trial, trial.blocks)
         if rerun:  # the incumbent's figures, now over its runs spread over the tuning
-            read_repeats(incumbent.folders, incumbent)
+            read_repeats(incumbent.folders, incumbent, incumbent.blocks)
         self.trials.append(trial)
         return trial
 
-    def _launch(self, base: List[str], trial: Trial) -> None:
-        """One run of `trial` in the sweep's next job folder; its wall and CPU time count to the trial."""
+    def _launch(self, base: List[str], trial: Trial, block: int) -> None:
+        """One run of `trial` beside trial `block` in the sweep's next job folder; its wall and CPU
+        time count to the trial."""
         changes = (f"{key}={value}" for key, value in trial.overrides.items())
         folder = self.sweep_dir / str(self.launched)
         self.launched += 1
         trial.folders.append(folder)
+        trial.blocks.append(block)
         cpu_before = children_cpu_s()
         self.launcher.launch([[*self.selection, *base, *MEASURING, *changes]], initial_job_idx=int(folder.name))
         trial.cpu_s += children_cpu_s() - cpu_before
@@ -357,7 +354,7 @@ class PipelineTuner(Sweeper):
         pool_intervals(self.trials, pooled)  # the table's and the plot's intervals, as compared
         tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
         plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
-        line = closing_line(start, final, self.launched, elapsed_s, pooled)
+        line = closing_line(self.trials, final, self.launched, elapsed_s, pooled)
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
         markdown = "\n\n".join(
             [
@@ -365,7 +362,7 @@ class PipelineTuner(Sweeper):
                 f"Stopped: {stop}. Tuned overrides (`tuned.yaml`): `{' '.join(final.overrides_text())}`",
                 table(self.trials),
                 f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
-                noise_sentence(self.settings.repeats, pooled, self.settings.rerun_incumbent),
+                noise_sentence(self.settings.repeats, pooled, beside=any(trial.ran_beside for trial in self.trials)),
                 *([f"Not tried: {'; '.join(self.skipped)}"] if self.skipped else []),
             ]
         )
@@ -389,7 +386,7 @@ class PipelineTuner(Sweeper):
         parent.annotate(files, {NOTE_TAG: within_limit(markdown), "bwopt.tune.tuned": " ".join(final.overrides_text())})
         metrics = {"tune_num_trials": len(self.trials), "tune_throughput_examples_per_s": final.throughput}
         if final is not start:
-            comparison = against(final, start, pooled)
+            comparison = over_start(self.trials, final, pooled)
             metrics.update(
                 tune_ratio_to_start=comparison.ratio,
                 tune_ratio_to_start_ci95_low=comparison.ci95[0],

@@ -34,9 +34,12 @@ class Trial:
         overrides: tune's own overrides it ran with (key -> value), on top of the workload's.
         throughput, ci95: examples/s and its 95 % interval (None when the job failed); with several
             repeats, their median and the interval of their mean (`estimate`).
-        repeats: (examples/s, its run's 95 % interval) of each finished repeat.
-        folders: the job folders of its runs, in launch order (its repeats, and an incumbent's
-            runs beside later candidates).
+        repeats: (examples/s, its run's 95 % interval) of each finished run.
+        folders, blocks: the job folders of its runs in launch order (its repeats, and an
+            incumbent's runs beside later candidates), and the trial each ran beside: its own
+            number for its repeats, a candidate's for a run beside it (a block: runs of a few
+            minutes, compared with each other).
+        repeat_blocks: the block of each finished run (beside `repeats`).
         compute_ceiling, input_ceiling, cores_ceiling: examples/s (None when not measured; the
             cores ceiling is what the step and the pipeline sustain together on the cores they share).
         cores_busy, cores_available: the cores its training kept busy, measured over its timed
@@ -69,10 +72,17 @@ class Trial:
     note: str = ""
     repeats: List[Tuple[float, Optional[List[float]]]] = field(default_factory=list)
     folders: List[Path] = field(default_factory=list)
+    blocks: List[int] = field(default_factory=list)
+    repeat_blocks: List[int] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
         return self.throughput is None
+
+    @property
+    def ran_beside(self) -> bool:
+        """Whether it ran again beside a later candidate (as the incumbent, `rerun_incumbent`)."""
+        return any(block != self.number for block in self.blocks)
 
     @property
     def ceilings(self) -> Dict[str, float]:
@@ -106,6 +116,12 @@ class Trial:
         repeats = self.repeats or [(self.throughput, self.ci95)]
         return log_estimate([value for value, _ in repeats], [interval for _, interval in repeats], pooled)
 
+    def in_block(self, block: int) -> "Trial":
+        """This trial with only its finished runs of `block` (the runs beside trial `block`)."""
+        blocks = self.repeat_blocks or [self.number] * len(self.repeats)
+        kept = [run for run, run_block in zip(self.repeats, blocks) if run_block == block]
+        return replace(self, repeats=kept, repeat_blocks=[block] * len(kept))
+
 
 def read_trial(folder: Path, trial: Trial) -> Trial:
     """`trial` with the figures of its job folder filled in."""
@@ -126,10 +142,12 @@ def read_trial(folder: Path, trial: Trial) -> Trial:
 MEDIANS = ("throughput", "compute_ceiling", "input_ceiling", "cores_ceiling", "cores_busy", "val_accuracy")
 
 
-def read_repeats(folders: Sequence[Path], trial: Trial) -> Trial:
-    """`trial` from the job folders of its repeats: the medians of the finished ones' throughputs (as
-    the launcher folds a sweep's repeats), ceilings and accuracies, and each one's throughput with
-    its run's interval; the step's partition from the first that finished."""
+def read_repeats(folders: Sequence[Path], trial: Trial, blocks: Optional[Sequence[int]] = None) -> Trial:
+    """`trial` from the job folders of its runs (each of block `blocks[i]`; by default its own
+    number): the medians of the finished ones' throughputs (as the launcher folds a sweep's
+    repeats), ceilings and accuracies, and each one's throughput with its run's interval and its
+    block; the step's partition from the first that finished."""
+    blocks = list(blocks) if blocks is not None else [trial.number] * len(folders)
     reads = [read_trial(folder, replace(trial)) for folder in folders]
     finished = [read for read in reads if not read.failed]
     first = finished[0] if finished else reads[0]
@@ -137,6 +155,7 @@ def read_repeats(folders: Sequence[Path], trial: Trial) -> Trial:
         if name not in ("number", "change", "reason", "overrides"):
             setattr(trial, name, getattr(first, name))
     trial.repeats = [(read.throughput, read.ci95) for read in finished]
+    trial.repeat_blocks = [block for read, block in zip(reads, blocks) if not read.failed]
     if len(finished) > 1:
         for name in MEDIANS:
             values = [getattr(read, name) for read in finished if getattr(read, name) is not None]
@@ -161,15 +180,49 @@ def pool_intervals(trials: Sequence[Trial], pooled: Optional[Tuple[float, int]])
 
 
 def run_to_run_spread(trials: Sequence[Trial]) -> Optional[Tuple[float, int]]:
-    """The spread of log throughput between repeats of one trial, pooled over `trials` (the machine's
-    run-to-run noise, which each trial shares), with its degrees of freedom; None with one repeat each."""
-    return pooled_log_spread([[value for value, _ in trial.repeats] for trial in trials])
+    """The spread of log throughput between runs of one setting within one block (a trial's
+    repeats, run back to back), pooled over `trials` (the machine's run-to-run noise, which each
+    trial shares), with its degrees of freedom; None with one run of each setting in each block."""
+    groups = []
+    for trial in trials:
+        blocks = trial.repeat_blocks or [trial.number] * len(trial.repeats)
+        for block in sorted(set(blocks)):
+            groups.append([value for value, _ in trial.in_block(block).repeats])
+    return pooled_log_spread(groups)
 
 
 def against(candidate: Trial, incumbent: Trial, pooled: Optional[Tuple[float, int]] = None) -> Comparison:
     """candidate / incumbent with the ratio's 95 % interval (bwopt.measure.uncertainty): each run's
-    own interval, and the run-to-run spread `pooled` where repeats measured it."""
+    own interval, and the run-to-run spread `pooled` where repeats measured it. Where the incumbent
+    ran beside the candidate (`rerun_incumbent`), those runs of the two are compared, so drift of
+    the machine between blocks drops out; otherwise every finished run of each."""
+    beside = incumbent.in_block(candidate.number)
+    if beside.repeats:
+        return compare(candidate.in_block(candidate.number).estimate(pooled), beside.estimate(pooled))
     return compare(candidate.estimate(pooled), incumbent.estimate(pooled))
+
+
+def incumbent_of(trials: Sequence[Trial], trial: Trial) -> Optional[Trial]:
+    """The incumbent `trial` ran against: the last kept trial before it (None for the start)."""
+    return next((earlier for earlier in reversed(trials) if earlier.number < trial.number and earlier.kept), None)
+
+
+def over_start(trials: Sequence[Trial], trial: Trial, pooled: Optional[Tuple[float, int]] = None) -> Comparison:
+    """trial / the start, chained through the incumbents: trial / its incumbent x that incumbent /
+    its own ... down to the start, each link the comparison of one block (`against`), so the
+    machine's drift from the start's minutes to the trial's stays out; the links' log errors add in
+    quadrature (their runs are different runs)."""
+    difference, variance = 0.0, 0.0
+    while (incumbent := incumbent_of(trials, trial)) is not None:
+        link = against(trial, incumbent, pooled)
+        low, high = link.ci95
+        difference += math.log(link.ratio)
+        variance += ((math.log(high) - math.log(low)) / (2 * Z_95)) ** 2 if 0 < low <= high < math.inf else math.inf
+        trial = incumbent
+    error = math.sqrt(variance)
+    low, high = math.exp(difference - Z_95 * error), math.exp(difference + Z_95 * error)
+    word = "faster" if low > 1 else "slower" if high < 1 else "no difference detected"
+    return Comparison(math.exp(difference), (low, high), word)
 
 
 def ratio_text(comparison: Comparison) -> str:
@@ -189,7 +242,7 @@ def table(trials: Sequence[Trial]) -> str:
     start = trials[0]
     rows = [TABLE_HEADER]
     for trial in trials:
-        ratio = "" if trial.failed or start.failed else f"×{against(trial, start).ratio:.2f}"
+        ratio = "" if trial.failed or start.failed else f"×{over_start(trials, trial).ratio:.2f}"
         of_ceiling = f"{trial.of_ceiling:.2f} ({trial.ceiling_name})" if trial.of_ceiling else ""
         changed = ", ".join(f"`{key}={value}`" for key, value in trial.overrides.items()) if trial.number else ""
         change = f"{trial.change}: {changed}" if changed else trial.change
@@ -201,37 +254,39 @@ def table(trials: Sequence[Trial]) -> str:
     return "\n".join(rows)
 
 
-def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], rerun_incumbent: bool = False) -> str:
-    """What the trials' intervals hold: one run's noise, or the spread between runs of one setting,
-    with the drift between trials where the incumbent ran again beside each candidate."""
+def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], beside: bool = False) -> str:
+    """What the trials' intervals hold: one run's noise, or the spread between a trial's repeats;
+    `beside`: the incumbent ran again beside each candidate, which was compared with that run."""
+    runs = "once" if repeats == 1 else f"{repeats} times"
+    if beside:
+        ran = (
+            f"each trial ran {runs}, and the incumbent once more beside each candidate, which was compared "
+            "with that run (the same minutes: drift of the machine between trials drops out)"
+        )
+    else:
+        ran = f"each trial ran {runs}, one after the other"
     if pooled is None:
         within = (
             "each interval holds the noise within one run (blocks of its timed steps), "
             "not the noise from one run to the next"
         )
-        if repeats > 1 or rerun_incumbent:
-            return f"Noise: no setting finished two runs, so {within}."
+        if repeats > 1:
+            return f"Noise: {ran}, but no trial finished two runs, so {within}."
         return (
-            f"Noise: each trial ran once, so {within}; `hydra.sweeper.repeats=2` (the default) runs "
-            "each trial twice and pools the spread between repeats into every comparison."
+            f"Noise: {ran}, so {within}; `hydra.sweeper.repeats=2` (the default) runs each trial twice "
+            "and pools the spread between repeats into every comparison."
         )
     spread, degrees = pooled
-    runs = "once" if repeats == 1 else f"{repeats} times"
-    if rerun_incumbent:
-        how = (
-            f"Noise: each trial ran {runs}, and the incumbent once more beside each candidate, so "
-            "an incumbent's runs span the trials and the spread between runs of one setting holds the "
-            "machine's drift from trial to trial too"
-        )
-    else:
-        how = (
-            f"Noise: each trial ran {runs}, one after the other (drift of the machine between one "
-            "trial's runs and the next trial's is not in the spread: `hydra.sweeper.rerun_incumbent=true` "
-            "puts it there)"
-        )
+    drift = (
+        ""
+        if beside
+        else " Drift of the machine between one trial's runs and the next trial's is not in it "
+        "(`hydra.sweeper.rerun_incumbent=true` compares each candidate with a run of the incumbent beside it)."
+    )
     return (
-        f"{how}. Every comparison holds each run's interval and that spread, pooled over the trials: "
-        f"{spread * 100:.1f} % of throughput (standard deviation, {degrees} degrees of freedom)."
+        f"Noise: {ran}. Every comparison holds each run's interval and the spread between a trial's repeats, "
+        f"pooled over the trials: {spread * 100:.1f} % of throughput (standard deviation, {degrees} degrees "
+        f"of freedom).{drift}"
     )
 
 
@@ -255,16 +310,18 @@ def stage_table(picture: dict) -> str:
 
 
 def closing_line(
-    start: Trial, final: Trial, num_runs: int, elapsed_s: float, pooled: Optional[Tuple[float, int]] = None
+    trials: Sequence[Trial], final: Trial, num_runs: int, elapsed_s: float, pooled: Optional[Tuple[float, int]] = None
 ) -> str:
-    """'tuned: ×3.1 over the start (95 % CI ×2.8–×3.4), 0.93 of the input ceiling, 4 runs, 2 min'."""
+    """'tuned: ×3.1 over the start (95 % CI ×2.8–×3.4), 0.93 of the input ceiling, 4 runs, 2 min'
+    (the gain chained through the kept trials, `over_start`)."""
+    start = trials[0]
     minutes = f"{elapsed_s / 60:.0f} min" if elapsed_s >= 90 else f"{elapsed_s:.0f} s"
     if start.failed or final.failed:
         return f"tuned: nothing measured to compare, {num_runs} runs, {minutes}"
     if final is start:
         gain = "no change beat the start beyond the noise"
     else:
-        comparison = against(final, start, pooled)
+        comparison = over_start(trials, final, pooled)
         low, high = comparison.ci95
         gain = f"×{comparison.ratio:.1f} over the start (95 % CI ×{low:.1f}–×{high:.1f})"
     ceiling = f", {final.of_ceiling:.2f} of the {final.ceiling_name}" if final.of_ceiling else ""

@@ -60,10 +60,10 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
     rows = {line.split(" | ")[0]: line for line in report.splitlines() if line.startswith("| ")}
     assert ("| yes |" in rows["| 1"]) == bool(kept)
     assert rows["| 0"].endswith("| 3 (0, 1, 3) |") and rows["| 1"].endswith("| 2 (2, 4) |")
-    # the comparisons held the spread between runs of one setting, the start's spanning the
-    # tuning, and the report says so: 2 + 1 degrees of freedom
+    # the proposal was compared with the start's run beside it, with the spread between each
+    # trial's two repeats, and the report says so
     assert "each trial ran 2 times, and the incumbent once more beside each candidate" in report
-    assert "3 degrees of freedom" in report
+    assert "2 degrees of freedom" in report
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("bwopt")

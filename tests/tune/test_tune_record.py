@@ -1,5 +1,10 @@
 """tune's record of its trials: the path plot, from trials built by hand (no TensorFlow, no process)."""
 
+import math
+from dataclasses import replace
+
+import pytest
+
 from bwopt.sweep.tune_record import Trial, plot_path
 
 
@@ -23,7 +28,7 @@ def test_a_trial_is_measured_against_its_lowest_ceiling_the_cores_one_included()
     assert (start.ceiling_name, start.ceiling) == ("input ceiling", 6000.0)  # no cores ceiling measured
     assert (shared.ceiling_name, shared.ceiling) == ("cores ceiling", 24_000.0)
     assert "0.92 (cores ceiling)" in table([start, shared])
-    assert ", 0.92 of the cores ceiling, 2 runs" in closing_line(start, shared, 2, 60.0)
+    assert ", 0.92 of the cores ceiling, 2 runs" in closing_line([start, shared], shared, 2, 60.0)
 
 
 def test_with_every_core_busy_tune_does_not_try_more_threads_or_overlap_but_still_tries_less_cpu():
@@ -120,23 +125,53 @@ def test_a_trial_reads_every_repeat_and_leaves_out_one_that_did_not_finish(tmp_p
     pool_intervals([trial], (0.0745, 6))
     assert low < trial.ci95[0] < 891.0 and 1010.0 < trial.ci95[1] < high
     assert "each trial ran once" in noise_sentence(1, None) and "hydra.sweeper.repeats=2" in noise_sentence(1, None)
-    assert "no setting finished two runs" in noise_sentence(2, None)
+    assert "no trial finished two runs" in noise_sentence(2, None)
     assert "ran 3 times" in noise_sentence(3, (0.021, 4)) and "2.1 %" in noise_sentence(3, (0.021, 4))
-    assert "not in the spread" in noise_sentence(2, (0.021, 4))  # without the incumbent's re-runs
-    assert "drift from trial to trial too" in noise_sentence(2, (0.021, 4), rerun_incumbent=True)
+    assert "is not in it" in noise_sentence(2, (0.021, 4))  # without the incumbent's runs beside
+    assert "drift of the machine between trials drops out" in noise_sentence(2, (0.021, 4), beside=True)
 
 
-def test_an_incumbent_run_again_beside_a_candidate_puts_the_machines_drift_into_the_comparison():
-    """The machine speeds up by 20 % between the start's runs and a candidate's, which changes
-    nothing: the candidate's two runs agree with each other as the start's did, so against the
-    start's old runs it reads faster beyond their spread. The start's run between the candidate's
-    reads the new speed too: the spread of one setting's runs then holds the drift, and the same
-    candidate is no longer called faster."""
-    from bwopt.sweep.tune_record import against, run_to_run_spread
+def test_a_candidate_is_compared_with_the_incumbents_run_beside_it_so_drift_drops_out():
+    """The machine speeds up by 20 % before the last candidate, which changes nothing. The start
+    was run beside three earlier candidates too, all in the slow minutes, so its runs agree and
+    its mean sits back in time: against all of them the candidate reads faster beyond their
+    spread. Against the start's run between the candidate's two (block 4) it reads the same."""
+    from bwopt.sweep.tune_record import against, over_start, run_to_run_spread
 
     start = repeated(0, [(1000.0, [995.0, 1005.0]), (1004.0, [999.0, 1009.0])])
-    candidate = repeated(1, [(1200.0, [1194.0, 1206.0]), (1203.0, [1197.0, 1209.0])])
-    assert against(candidate, start, run_to_run_spread([start, candidate])).word == "faster"
+    start.repeats += [(1001.0, [996.0, 1006.0]), (1002.0, [997.0, 1007.0]), (1003.0, [998.0, 1008.0])]
+    start.repeat_blocks = [0, 0, 1, 2, 3]
+    reverted = [repeated(n, [(1001.0, [996.0, 1006.0]), (1003.0, [998.0, 1008.0])]) for n in (1, 2, 3)]
+    candidate = repeated(4, [(1200.0, [1194.0, 1206.0]), (1203.0, [1197.0, 1209.0])])
+    pooled = run_to_run_spread([start, *reverted, candidate])
+    assert pooled[1] == 5  # one degree of freedom per trial's two repeats; a run beside adds none
+    everything = replace(start, repeat_blocks=[])  # the same runs, blocks forgotten: all compared
+    assert against(candidate, everything, pooled).word == "faster"
     start.repeats.append((1198.0, [1192.0, 1204.0]))  # its run between the candidate's
-    comparison = against(candidate, start, run_to_run_spread([start, candidate]))
-    assert comparison.word == "no difference detected", comparison
+    start.repeat_blocks.append(4)
+    comparison = against(candidate, start, pooled)
+    assert comparison.word == "no difference detected" and 0.99 < comparison.ratio < 1.01, comparison
+    # Kept anyway, its gain over the start is chained through the run beside it, not the old runs.
+    candidate.kept = start.kept = True
+    assert over_start([start, *reverted, candidate], candidate, pooled).ratio == pytest.approx(comparison.ratio)
+
+
+def test_a_gain_over_the_start_chains_the_comparisons_beside_each_kept_trial():
+    """start -> kept 1 (x2, beside a start run) -> kept 2 (x1.5, beside a run of 1): x3 over the start,
+    although the machine drifted between the blocks; the links' errors add in quadrature."""
+    from bwopt.sweep.tune_record import against, over_start, run_to_run_spread
+
+    start = repeated(0, [(100.0, [99.0, 101.0]), (101.0, [100.0, 102.0]), (120.0, [119.0, 121.0])])
+    start.repeat_blocks = [0, 0, 1]
+    first = repeated(1, [(240.0, [238.0, 242.0]), (241.0, [239.0, 243.0]), (300.0, [298.0, 302.0])])
+    first.repeat_blocks = [1, 1, 2]
+    second = repeated(2, [(450.0, [447.0, 453.0]), (451.0, [448.0, 454.0])])
+    start.kept = first.kept = second.kept = True
+    trials = [start, first, second]
+    pooled = run_to_run_spread(trials)
+    chained = over_start(trials, second, pooled)
+    links = [against(first, start, pooled), against(second, first, pooled)]
+    assert chained.ratio == pytest.approx(links[0].ratio * links[1].ratio) == pytest.approx(3.0, rel=0.01)
+    width = [math.log(link.ci95[1] / link.ci95[0]) for link in links]
+    assert math.log(chained.ci95[1] / chained.ci95[0]) == pytest.approx(math.hypot(*width))
+    assert over_start(trials, start, pooled).ratio == 1.0
