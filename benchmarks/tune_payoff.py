@@ -3,7 +3,7 @@
 1. The tuning itself, as users run it: `python -m bwopt -m tune=pipeline WORKLOAD pipeline=naive`
    in a fresh process (bwopt's launcher: every run a fresh process, two per trial and the
    incumbent once more beside each candidate; tracking=none), timed by the wall clock; its
-   tuned.yaml, number of runs and closing line are read back.
+   tuned.yaml, number of runs, closing line and table (the reasons left out) are read back.
 2. Optionally (`--search N`) the Optuna search over the same workload, `hparams_search=pipeline`
    with N trials, its best overrides read from search.yaml.
 3. The final configurations re-measured in this process, alternated round by round (order
@@ -25,7 +25,7 @@ Targets: tune ÷ start ≥ 1, tune ≥ 0.9 of min(ceilings), tune ≥ 1.2 × aut
 everything (where caching or placement matters), tune ≥ pipeline=tuned, tune ≥ search's best.
 
 Run: `.venv/bin/python benchmarks/tune_payoff.py [--workload pipelines|imagenet_like] [--search N]
-[--rounds K]` (pipelines: about 6 min on 2 cores; imagenet_like: about 25 min).
+[--rounds K]` (pipelines: about 8 min on 2 cores; imagenet_like: about 20 min).
 `BWOPT_BENCHMARK_SMOKE=1` runs a one-trial tuning of a shrunk workload and one round (the smoke test).
 """
 
@@ -78,8 +78,12 @@ def tune(workload, folder: Path, max_trials: int):
     tuned = (folder / "tuned.yaml").read_text().split()
     report = (folder / "tune.md").read_text()
     closing = report.splitlines()[0].strip("*")
+    # the trials as tune.md tables them, the reasons left out: trial, change, throughput, x start, kept, runs
+    rows = [line.split(" | ") for line in report.splitlines() if line.startswith("| ") and "| trial |" not in line]
+    rows = [cells for cells in rows if len(cells) >= 8]  # the trials' table, not the stages'
+    trials = [" | ".join([cells[0].lstrip("| "), cells[1], *cells[3:]]).rstrip(" |") for cells in rows]
     runs = len([path for path in folder.iterdir() if path.is_dir() and path.name.isdigit()])
-    return tuned, closing, runs, wall_s
+    return tuned, closing, runs, wall_s, trials
 
 
 def search(workload, folder: Path, num_trials: int):
@@ -98,8 +102,10 @@ def main() -> None:
     print(f"tune_payoff: {arguments.workload}, {arguments.rounds} alternated round(s); {load_line()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bwopt-tune-payoff-") as scratch:
         scratch = Path(scratch)
-        tuned, closing, runs, tune_s = tune(workload, scratch / "tune", 1 if SMOKE else 5)
+        tuned, closing, runs, tune_s, trials = tune(workload, scratch / "tune", 1 if SMOKE else 5)
         print(f"tune: {runs} run(s), {tune_s:.0f} s: {closing}")
+        for line in trials:
+            print(f"  trial {line}")
         print(f"  tuned.yaml: {' '.join(tuned)}", flush=True)
         sides = {
             "start": [*workload, "pipeline=naive"],

@@ -11,10 +11,10 @@ MLflow parent run, the sweep report), one at a time, each with `measure.ceilings
    keep the examples and the math (parallelism, prefetch, cache before every random stage,
    vectorised maps, a lossless transfer dtype, interleave width, steps per execution);
 3. each proposal runs on top of the incumbent, its repeats around one more run of the incumbent
-   (`rerun_incumbent`), and is kept only when it is faster beyond the noise than the incumbent's
-   run beside it (bwopt.measure.uncertainty.compare of the two estimates: each run's own
-   interval, and the spread between a trial's repeats pooled over every trial so far), so the
-   machine's drift between trials drops out
+   (`rerun_incumbent`), and is kept only when it is faster beyond the noise
+   (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, the
+   spread between a trial's repeats pooled over every trial so far, and the machine's drift
+   between trials, which the incumbent's runs beside later candidates measure)
    and learned as well (val_accuracy within `sweep.accuracy_tolerance` of the start's); otherwise
    it is reverted, and the table says so;
 4. it stops when the incumbent reaches `target_fraction` of its compute ceiling (the input side
@@ -48,14 +48,14 @@ from bwopt.schema import SweepConfig
 from bwopt.sweep.sweeper import prepare_sweep
 from bwopt.sweep.tune_decide import ALLOWED_CHANGES, Budget, Profile, Stage
 from bwopt.sweep.tune_plan import busy_cores_reason, plan
+from bwopt.sweep.tune_plot import plot_path
 from bwopt.sweep.tune_record import (
     Trial,
     against,
     closing_line,
     cores_used,
+    drift_spread,
     noise_sentence,
-    over_start,
-    plot_path,
     pool_intervals,
     ratio_text,
     read_repeats,
@@ -84,8 +84,9 @@ class BwoptTunerConf:
         repeats: runs of each trial, one after the other (2: their spread, pooled over the trials,
             enters every comparison; 1: each interval holds only its own run's noise).
         rerun_incumbent: run the incumbent once more between a candidate's repeats (before its
-            one run with repeats=1) and compare the candidate with that run: the two share their
-            minutes, so the machine's drift between trials drops out of the comparison.
+            one run with repeats=1): its runs then span the tuning, and how their trial-to-trial
+            means scatter beyond the repeats' spread measures the machine's drift, which enters
+            every comparison.
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
         allow: opt-in changes that alter the math (precision, batch_size); none is proposed yet.
         memory_share: of the memory available at the start, what caches and prefetch may hold.
@@ -333,7 +334,8 @@ class PipelineTuner(Sweeper):
         if candidate.failed:
             candidate.note = "the run failed; reverted"
             return
-        comparison = against(candidate, incumbent, run_to_run_spread(self.trials))
+        pooled = run_to_run_spread(self.trials)
+        comparison = against(candidate, incumbent, pooled, drift_spread(self.trials, pooled))
         candidate.against_incumbent = comparison
         worse = (
             candidate.val_accuracy is not None
@@ -351,10 +353,11 @@ class PipelineTuner(Sweeper):
     def _finish(self, base: List[str], final: Trial, stop: str, elapsed_s: float) -> Dict[str, Any]:
         start = self.trials[0]
         pooled = run_to_run_spread(self.trials)
+        drift = drift_spread(self.trials, pooled)
         pool_intervals(self.trials, pooled)  # the table's and the plot's intervals, as compared
         tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
         plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
-        line = closing_line(self.trials, final, self.launched, elapsed_s, pooled)
+        line = closing_line(start, final, self.launched, elapsed_s, pooled, drift)
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
         markdown = "\n\n".join(
             [
@@ -362,7 +365,7 @@ class PipelineTuner(Sweeper):
                 f"Stopped: {stop}. Tuned overrides (`tuned.yaml`): `{' '.join(final.overrides_text())}`",
                 table(self.trials),
                 f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
-                noise_sentence(self.settings.repeats, pooled, beside=any(trial.ran_beside for trial in self.trials)),
+                noise_sentence(self.settings.repeats, pooled, drift),
                 *([f"Not tried: {'; '.join(self.skipped)}"] if self.skipped else []),
             ]
         )
@@ -373,10 +376,10 @@ class PipelineTuner(Sweeper):
         report.write_text(markdown + "\n")
         print(line, flush=True)
         probe = [self.probe_file] if self.probe_file.is_file() else []
-        self._annotate_parent([tuned, report, plot, *probe], markdown, start, final, pooled)
+        self._annotate_parent([tuned, report, plot, *probe], markdown, start, final, (pooled, drift))
         return {"tuned": final.overrides, "closing_line": line, "trials": len(self.trials)}
 
-    def _annotate_parent(self, files: List[Path], markdown: str, start: Trial, final: Trial, pooled) -> None:
+    def _annotate_parent(self, files: List[Path], markdown: str, start: Trial, final: Trial, noise) -> None:
         parent = getattr(self.launcher, "parent", None)
         if parent is None:
             return
@@ -386,7 +389,7 @@ class PipelineTuner(Sweeper):
         parent.annotate(files, {NOTE_TAG: within_limit(markdown), "bwopt.tune.tuned": " ".join(final.overrides_text())})
         metrics = {"tune_num_trials": len(self.trials), "tune_throughput_examples_per_s": final.throughput}
         if final is not start:
-            comparison = over_start(self.trials, final, pooled)
+            comparison = against(final, start, *noise)
             metrics.update(
                 tune_ratio_to_start=comparison.ratio,
                 tune_ratio_to_start_ci95_low=comparison.ci95[0],

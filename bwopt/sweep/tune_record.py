@@ -1,5 +1,5 @@
-"""What `tune` writes: each trial as read from its job folder, the table, the closing line, the plot
-of the path and tuned.yaml. No TensorFlow; matplotlib (Agg) for the plot only.
+"""What `tune` writes: each trial as read from its job folder, the comparisons with their noise, the
+table, the closing line and tuned.yaml (the plot of the path: bwopt.sweep.tune_plot). No TensorFlow.
 
 A trial's figures come from its job folder (bwopt.sweep.results): throughput and its 95 % interval,
 the ceilings and efficiency (`measure.ceilings=true` in every trial), the step partition, the
@@ -13,7 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from bwopt.measure.uncertainty import Z_95, Comparison, compare, log_estimate, pooled_log_spread
+import numpy as np
+
+from bwopt.measure.uncertainty import Z_95, Comparison, compare, log_estimate, pooled_log_spread, t_95
 from bwopt.sweep.results import read_job, read_summary
 
 TABLE_HEADER = (
@@ -37,8 +39,8 @@ class Trial:
         repeats: (examples/s, its run's 95 % interval) of each finished run.
         folders, blocks: the job folders of its runs in launch order (its repeats, and an
             incumbent's runs beside later candidates), and the trial each ran beside: its own
-            number for its repeats, a candidate's for a run beside it (a block: runs of a few
-            minutes, compared with each other).
+            number for its repeats, a candidate's for a run beside it (a block: runs a few minutes
+            apart, which share the machine's state; `drift_spread` measures how blocks differ).
         repeat_blocks: the block of each finished run (beside `repeats`).
         compute_ceiling, input_ceiling, cores_ceiling: examples/s (None when not measured; the
             cores ceiling is what the step and the pipeline sustain together on the cores they share).
@@ -191,38 +193,54 @@ def run_to_run_spread(trials: Sequence[Trial]) -> Optional[Tuple[float, int]]:
     return pooled_log_spread(groups)
 
 
-def against(candidate: Trial, incumbent: Trial, pooled: Optional[Tuple[float, int]] = None) -> Comparison:
-    """candidate / incumbent with the ratio's 95 % interval (bwopt.measure.uncertainty): each run's
-    own interval, and the run-to-run spread `pooled` where repeats measured it. Where the incumbent
-    ran beside the candidate (`rerun_incumbent`), those runs of the two are compared, so drift of
-    the machine between blocks drops out; otherwise every finished run of each."""
-    beside = incumbent.in_block(candidate.number)
-    if beside.repeats:
-        return compare(candidate.in_block(candidate.number).estimate(pooled), beside.estimate(pooled))
-    return compare(candidate.estimate(pooled), incumbent.estimate(pooled))
+def drift_spread(trials: Sequence[Trial], within: Optional[Tuple[float, int]]) -> Optional[Tuple[float, int]]:
+    """(standard deviation of log throughput, degrees of freedom) of the machine's drift from one
+    block to the next, from the settings that ran in two or more blocks (an incumbent run beside
+    later candidates): how far their block means scatter beyond what the spread `within` a block
+    explains (one-way random effects, method of moments, floored at 0); None where no setting ran
+    in two blocks."""
+    noise = within[0] ** 2 if within else 0.0
+    total, degrees = 0.0, 0
+    for trial in trials:
+        blocks = sorted(set(trial.repeat_blocks or [trial.number] * len(trial.repeats)))
+        groups = [np.log([value for value, _ in trial.in_block(block).repeats]) for block in blocks]
+        if len(groups) < 2:
+            continue
+        counts = np.array([len(group) for group in groups], dtype=np.float64)
+        means = np.array([group.mean() for group in groups])
+        grand = float(np.sum(counts * means) / counts.sum())
+        between = float(np.sum(counts * (means - grand) ** 2)) / (len(groups) - 1)
+        per_block = (counts.sum() - float(np.sum(counts**2)) / counts.sum()) / (len(groups) - 1)
+        total += (len(groups) - 1) * max(0.0, (between - noise) / per_block)
+        degrees += len(groups) - 1
+    return (math.sqrt(total / degrees), degrees) if degrees else None
 
 
-def incumbent_of(trials: Sequence[Trial], trial: Trial) -> Optional[Trial]:
-    """The incumbent `trial` ran against: the last kept trial before it (None for the start)."""
-    return next((earlier for earlier in reversed(trials) if earlier.number < trial.number and earlier.kept), None)
+def block_weights(trial: Trial) -> Dict[int, float]:
+    """Block -> the share of the trial's finished runs in it (what each block's drift weighs in its mean)."""
+    blocks = trial.repeat_blocks or [trial.number] * max(len(trial.repeats), 1)
+    return {block: blocks.count(block) / len(blocks) for block in set(blocks)}
 
 
-def over_start(trials: Sequence[Trial], trial: Trial, pooled: Optional[Tuple[float, int]] = None) -> Comparison:
-    """trial / the start, chained through the incumbents: trial / its incumbent x that incumbent /
-    its own ... down to the start, each link the comparison of one block (`against`), so the
-    machine's drift from the start's minutes to the trial's stays out; the links' log errors add in
-    quadrature (their runs are different runs)."""
-    difference, variance = 0.0, 0.0
-    while (incumbent := incumbent_of(trials, trial)) is not None:
-        link = against(trial, incumbent, pooled)
-        low, high = link.ci95
-        difference += math.log(link.ratio)
-        variance += ((math.log(high) - math.log(low)) / (2 * Z_95)) ** 2 if 0 < low <= high < math.inf else math.inf
-        trial = incumbent
-    error = math.sqrt(variance)
-    low, high = math.exp(difference - Z_95 * error), math.exp(difference + Z_95 * error)
-    word = "faster" if low > 1 else "slower" if high < 1 else "no difference detected"
-    return Comparison(math.exp(difference), (low, high), word)
+def against(
+    candidate: Trial,
+    incumbent: Trial,
+    pooled: Optional[Tuple[float, int]] = None,
+    drift: Optional[Tuple[float, int]] = None,
+) -> Comparison:
+    """candidate / incumbent with the ratio's 95 % interval (bwopt.measure.uncertainty): the mean
+    log throughput of every finished run of each, with each run's own interval and the run-to-run
+    spread `pooled` where repeats measured it; and the machine's `drift` between blocks where it
+    was measured (`drift_spread`): the two means draw on blocks in different shares, and each
+    block's drift enters the difference by the gap between its two shares, scaled by Student's t
+    for the drift's degrees of freedom."""
+    own, other = candidate.estimate(pooled), incumbent.estimate(pooled)
+    if drift is not None and drift[0] > 0:
+        mine, theirs = block_weights(candidate), block_weights(incumbent)
+        gaps = sum((mine.get(block, 0.0) - theirs.get(block, 0.0)) ** 2 for block in set(mine) | set(theirs))
+        error = drift[0] * math.sqrt(gaps) * t_95(drift[1]) / Z_95
+        other = (other[0], math.hypot(other[1], error))
+    return compare(own, other)
 
 
 def ratio_text(comparison: Comparison) -> str:
@@ -242,7 +260,7 @@ def table(trials: Sequence[Trial]) -> str:
     start = trials[0]
     rows = [TABLE_HEADER]
     for trial in trials:
-        ratio = "" if trial.failed or start.failed else f"×{over_start(trials, trial).ratio:.2f}"
+        ratio = "" if trial.failed or start.failed else f"×{against(trial, start).ratio:.2f}"
         of_ceiling = f"{trial.of_ceiling:.2f} ({trial.ceiling_name})" if trial.of_ceiling else ""
         changed = ", ".join(f"`{key}={value}`" for key, value in trial.overrides.items()) if trial.number else ""
         change = f"{trial.change}: {changed}" if changed else trial.change
@@ -254,40 +272,44 @@ def table(trials: Sequence[Trial]) -> str:
     return "\n".join(rows)
 
 
-def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], beside: bool = False) -> str:
-    """What the trials' intervals hold: one run's noise, or the spread between a trial's repeats;
-    `beside`: the incumbent ran again beside each candidate, which was compared with that run."""
+def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], drift: Optional[Tuple[float, int]] = None) -> str:
+    """What the comparisons held: one run's noise, or the spread between a trial's repeats, and the
+    machine's drift between trials where incumbents ran again beside later candidates (`drift_spread`)."""
     runs = "once" if repeats == 1 else f"{repeats} times"
-    if beside:
-        ran = (
-            f"each trial ran {runs}, and the incumbent once more beside each candidate, which was compared "
-            "with that run (the same minutes: drift of the machine between trials drops out)"
+    ran = f"each trial ran {runs}" + (
+        ", and the incumbent once more beside each candidate" if drift else ", one after the other"
+    )
+    if drift:
+        measured = (
+            f"the machine's drift from one trial to the next, from how the incumbents' runs beside later "
+            f"candidates scatter: {drift[0] * 100:.1f} % ({freedom(drift[1])})"
         )
     else:
-        ran = f"each trial ran {runs}, one after the other"
+        measured = ""
     if pooled is None:
-        within = (
-            "each interval holds the noise within one run (blocks of its timed steps), "
-            "not the noise from one run to the next"
-        )
+        within = "each run's own interval (blocks of its timed steps), not the noise from one run to the next"
+        if drift:
+            return f"Noise: {ran}. Every comparison held {within} beyond {measured}."
         if repeats > 1:
-            return f"Noise: {ran}, but no trial finished two runs, so {within}."
+            return f"Noise: {ran}, but no trial finished two runs, so every comparison held {within}."
         return (
-            f"Noise: {ran}, so {within}; `hydra.sweeper.repeats=2` (the default) runs each trial twice "
-            "and pools the spread between repeats into every comparison."
+            f"Noise: {ran}, so every comparison held {within}; `hydra.sweeper.repeats=2` (the default) runs "
+            "each trial twice and pools the spread between repeats into every comparison."
         )
-    spread, degrees = pooled
-    drift = (
-        ""
-        if beside
-        else " Drift of the machine between one trial's runs and the next trial's is not in it "
-        "(`hydra.sweeper.rerun_incumbent=true` compares each candidate with a run of the incumbent beside it)."
+    spread = (
+        f"each run's interval and the spread between a trial's repeats, pooled over the trials: "
+        f"{pooled[0] * 100:.1f} % of throughput (standard deviation, {freedom(pooled[1])})"
     )
+    if drift:
+        return f"Noise: {ran}. Every comparison held {spread}, and {measured}."
     return (
-        f"Noise: {ran}. Every comparison holds each run's interval and the spread between a trial's repeats, "
-        f"pooled over the trials: {spread * 100:.1f} % of throughput (standard deviation, {degrees} degrees "
-        f"of freedom).{drift}"
+        f"Noise: {ran}. Every comparison held {spread}. Drift of the machine between one trial's runs and "
+        "the next trial's is not in it (`hydra.sweeper.rerun_incumbent=true` measures it)."
     )
+
+
+def freedom(degrees: int) -> str:
+    return f"{degrees} degree{'' if degrees == 1 else 's'} of freedom"
 
 
 def stage_table(picture: dict) -> str:
@@ -310,18 +332,21 @@ def stage_table(picture: dict) -> str:
 
 
 def closing_line(
-    trials: Sequence[Trial], final: Trial, num_runs: int, elapsed_s: float, pooled: Optional[Tuple[float, int]] = None
+    start: Trial,
+    final: Trial,
+    num_runs: int,
+    elapsed_s: float,
+    pooled: Optional[Tuple[float, int]] = None,
+    drift: Optional[Tuple[float, int]] = None,
 ) -> str:
-    """'tuned: ×3.1 over the start (95 % CI ×2.8–×3.4), 0.93 of the input ceiling, 4 runs, 2 min'
-    (the gain chained through the kept trials, `over_start`)."""
-    start = trials[0]
+    """'tuned: ×3.1 over the start (95 % CI ×2.8–×3.4), 0.93 of the input ceiling, 4 runs, 2 min'."""
     minutes = f"{elapsed_s / 60:.0f} min" if elapsed_s >= 90 else f"{elapsed_s:.0f} s"
     if start.failed or final.failed:
         return f"tuned: nothing measured to compare, {num_runs} runs, {minutes}"
     if final is start:
         gain = "no change beat the start beyond the noise"
     else:
-        comparison = over_start(trials, final, pooled)
+        comparison = against(final, start, pooled, drift)
         low, high = comparison.ci95
         gain = f"×{comparison.ratio:.1f} over the start (95 % CI ×{low:.1f}–×{high:.1f})"
     ceiling = f", {final.of_ceiling:.2f} of the {final.ceiling_name}" if final.of_ceiling else ""
@@ -340,48 +365,6 @@ def write_tuned(path: Path, base: Sequence[str], overrides: Dict[str, str]) -> P
     (and YAML reads it as one string of them)."""
     path.write_text("\n".join(tuned_overrides(base, overrides)) + "\n")
     return path
-
-
-def plot_path(trials: Sequence[Trial], path: Path) -> Path:
-    """Throughput per trial with its interval (kept trials joined: the incumbent's path) against the
-    compute, input and cores ceilings each trial measured; the axis starts at 0."""
-    from bwopt.run_plots import legend_outside, new_figure, save_figure, titled
-
-    figure = new_figure(7.5, 4.5)
-    axes = figure.add_subplot()
-    measured = [trial for trial in trials if not trial.failed]
-    for trial in measured:
-        low, high = trial.ci95 or (trial.throughput, trial.throughput)
-        axes.errorbar(
-            trial.number,
-            trial.throughput,
-            # a one-block interval is the throughput itself, up to rounding: never a negative whisker
-            yerr=[[max(trial.throughput - low, 0.0)], [max(high - trial.throughput, 0.0)]],
-            fmt="o" if trial.kept else "x",
-            color="tab:blue" if trial.kept else "tab:gray",
-            capsize=3,
-        )
-    path_trials, incumbent = [], None
-    for trial in trials:
-        incumbent = trial if trial.kept else incumbent
-        if incumbent is not None:
-            path_trials.append((trial.number, incumbent.throughput))
-    if path_trials:
-        axes.step(*zip(*path_trials), where="post", color="tab:blue", label="incumbent (kept trials)")
-    lines = (("compute_ceiling", "tab:red"), ("input_ceiling", "tab:green"), ("cores_ceiling", "tab:purple"))
-    for name, color in lines:
-        points = [(trial.number, getattr(trial, name)) for trial in trials if getattr(trial, name)]
-        if points:
-            axes.plot(*zip(*points), linestyle="--", marker=".", color=color, label=name.replace("_", " "))
-    axes.set_xticks([trial.number for trial in trials])
-    axes.set_xlabel("trial")
-    axes.set_ylabel("examples/s")
-    top = max([trial.ci95[1] if trial.ci95 else trial.throughput for trial in measured] + [1.0])
-    ceilings = [trial.ceiling for trial in trials if trial.ceiling]
-    axes.set_ylim(0, max(top, min(ceilings) if ceilings else 0) * 1.15)
-    titled(axes, "tune: throughput per trial", "dots kept, crosses reverted; whiskers: each trial's 95 % interval")
-    legend_outside(axes)
-    return save_figure(figure, path)
 
 
 def cores_used(trial: Trial) -> Optional[float]:

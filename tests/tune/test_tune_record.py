@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from bwopt.sweep.tune_record import Trial, plot_path
+from bwopt.sweep.tune_plot import plot_path
+from bwopt.sweep.tune_record import Trial
 
 
 def test_the_path_plots_a_one_block_interval_a_rounding_step_above_its_throughput(tmp_path):
@@ -28,7 +29,7 @@ def test_a_trial_is_measured_against_its_lowest_ceiling_the_cores_one_included()
     assert (start.ceiling_name, start.ceiling) == ("input ceiling", 6000.0)  # no cores ceiling measured
     assert (shared.ceiling_name, shared.ceiling) == ("cores ceiling", 24_000.0)
     assert "0.92 (cores ceiling)" in table([start, shared])
-    assert ", 0.92 of the cores ceiling, 2 runs" in closing_line([start, shared], shared, 2, 60.0)
+    assert ", 0.92 of the cores ceiling, 2 runs" in closing_line(start, shared, 2, 60.0)
 
 
 def test_with_every_core_busy_tune_does_not_try_more_threads_or_overlap_but_still_tries_less_cpu():
@@ -97,7 +98,6 @@ def test_a_within_run_win_that_repeats_scatter_is_not_called_faster():
 
 def test_a_trial_reads_every_repeat_and_leaves_out_one_that_did_not_finish(tmp_path):
     import json
-    import math
 
     from bwopt.sweep.tune_record import noise_sentence, pool_intervals, read_repeats
 
@@ -128,50 +128,53 @@ def test_a_trial_reads_every_repeat_and_leaves_out_one_that_did_not_finish(tmp_p
     assert "no trial finished two runs" in noise_sentence(2, None)
     assert "ran 3 times" in noise_sentence(3, (0.021, 4)) and "2.1 %" in noise_sentence(3, (0.021, 4))
     assert "is not in it" in noise_sentence(2, (0.021, 4))  # without the incumbent's runs beside
-    assert "drift of the machine between trials drops out" in noise_sentence(2, (0.021, 4), beside=True)
+    beside = noise_sentence(2, (0.021, 4), drift=(0.034, 3))
+    assert "incumbent once more beside each candidate" in beside and "drift" in beside and "3.4 % (3 degrees" in beside
 
 
-def test_a_candidate_is_compared_with_the_incumbents_run_beside_it_so_drift_drops_out():
+def test_drift_measured_from_the_incumbents_runs_beside_later_candidates_enters_the_comparison():
     """The machine speeds up by 20 % before the last candidate, which changes nothing. The start
     was run beside three earlier candidates too, all in the slow minutes, so its runs agree and
-    its mean sits back in time: against all of them the candidate reads faster beyond their
-    spread. Against the start's run between the candidate's two (block 4) it reads the same."""
-    from bwopt.sweep.tune_record import against, over_start, run_to_run_spread
+    its mean sits back in time: against them alone the candidate reads faster beyond their
+    spread. The start's run between the candidate's two reads the new speed: its block means then
+    scatter beyond what the repeats' spread explains, and that drift, in the comparison, leaves
+    the same candidate undecided."""
+    from bwopt.sweep.tune_record import against, drift_spread, run_to_run_spread
 
     start = repeated(0, [(1000.0, [995.0, 1005.0]), (1004.0, [999.0, 1009.0])])
     start.repeats += [(1001.0, [996.0, 1006.0]), (1002.0, [997.0, 1007.0]), (1003.0, [998.0, 1008.0])]
     start.repeat_blocks = [0, 0, 1, 2, 3]
     reverted = [repeated(n, [(1001.0, [996.0, 1006.0]), (1003.0, [998.0, 1008.0])]) for n in (1, 2, 3)]
     candidate = repeated(4, [(1200.0, [1194.0, 1206.0]), (1203.0, [1197.0, 1209.0])])
-    pooled = run_to_run_spread([start, *reverted, candidate])
+    trials = [start, *reverted, candidate]
+    pooled = run_to_run_spread(trials)
     assert pooled[1] == 5  # one degree of freedom per trial's two repeats; a run beside adds none
-    everything = replace(start, repeat_blocks=[])  # the same runs, blocks forgotten: all compared
-    assert against(candidate, everything, pooled).word == "faster"
+    assert drift_spread(trials, pooled)[0] < 0.001  # no drift yet: the start's blocks agree
+    assert against(candidate, start, pooled, drift_spread(trials, pooled)).word == "faster"
     start.repeats.append((1198.0, [1192.0, 1204.0]))  # its run between the candidate's
     start.repeat_blocks.append(4)
-    comparison = against(candidate, start, pooled)
-    assert comparison.word == "no difference detected" and 0.99 < comparison.ratio < 1.01, comparison
-    # Kept anyway, its gain over the start is chained through the run beside it, not the old runs.
-    candidate.kept = start.kept = True
-    assert over_start([start, *reverted, candidate], candidate, pooled).ratio == pytest.approx(comparison.ratio)
+    drift = drift_spread(trials, pooled)
+    assert drift[1] == 4 and drift[0] > 0.05  # five blocks of the start's
+    assert against(candidate, start, pooled).word == "faster"  # what the repeats' spread alone says
+    comparison = against(candidate, start, pooled, drift)
+    assert comparison.word == "no difference detected", comparison
 
 
-def test_a_gain_over_the_start_chains_the_comparisons_beside_each_kept_trial():
-    """start -> kept 1 (x2, beside a start run) -> kept 2 (x1.5, beside a run of 1): x3 over the start,
-    although the machine drifted between the blocks; the links' errors add in quadrature."""
-    from bwopt.sweep.tune_record import against, over_start, run_to_run_spread
+def test_without_drift_the_incumbents_runs_beside_later_candidates_keep_a_large_gain_resolved():
+    """Runs that scatter by ~25 % from one to the next, as tune's fresh processes did here, and no
+    drift between blocks: a x2.3 candidate is resolved against every run of the start (five), as it
+    would not be against the one run beside it."""
+    from bwopt.sweep.tune_record import against, drift_spread, run_to_run_spread
 
-    start = repeated(0, [(100.0, [99.0, 101.0]), (101.0, [100.0, 102.0]), (120.0, [119.0, 121.0])])
-    start.repeat_blocks = [0, 0, 1]
-    first = repeated(1, [(240.0, [238.0, 242.0]), (241.0, [239.0, 243.0]), (300.0, [298.0, 302.0])])
-    first.repeat_blocks = [1, 1, 2]
-    second = repeated(2, [(450.0, [447.0, 453.0]), (451.0, [448.0, 454.0])])
-    start.kept = first.kept = second.kept = True
-    trials = [start, first, second]
+    start = repeated(0, [(5000.0, None), (8000.0, None), (6500.0, None), (5200.0, None), (7600.0, None)])
+    start.repeat_blocks = [0, 0, 1, 2, 3]
+    candidate = repeated(1, [(12_000.0, None), (19_000.0, None)])
+    others = [repeated(n, [(6000.0, None), (8500.0, None)]) for n in (2, 3)]
+    trials = [start, candidate, *others]
     pooled = run_to_run_spread(trials)
-    chained = over_start(trials, second, pooled)
-    links = [against(first, start, pooled), against(second, first, pooled)]
-    assert chained.ratio == pytest.approx(links[0].ratio * links[1].ratio) == pytest.approx(3.0, rel=0.01)
-    width = [math.log(link.ci95[1] / link.ci95[0]) for link in links]
-    assert math.log(chained.ci95[1] / chained.ci95[0]) == pytest.approx(math.hypot(*width))
-    assert over_start(trials, start, pooled).ratio == 1.0
+    drift = drift_spread(trials, pooled)
+    assert drift[0] == 0.0  # the block means scatter no more than the repeats do
+    comparison = against(candidate, start, pooled, drift)
+    assert comparison.word == "faster" and comparison.ratio == pytest.approx(2.3, rel=0.1)
+    beside = replace(start, repeats=start.repeats[2:3], repeat_blocks=[1])
+    assert against(candidate, beside, pooled, drift).word == "no difference detected"
