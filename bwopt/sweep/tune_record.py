@@ -82,9 +82,9 @@ class Trial:
         return self.throughput is None
 
     @property
-    def ran_beside(self) -> bool:
-        """Whether it ran again beside a later candidate (as the incumbent, `rerun_incumbent`)."""
-        return any(block != self.number for block in self.blocks)
+    def run_blocks(self) -> List[int]:
+        """The block of each finished run (beside `repeats`); runs read without blocks are its own."""
+        return self.repeat_blocks or [self.number] * len(self.repeats)
 
     @property
     def ceilings(self) -> Dict[str, float]:
@@ -120,8 +120,7 @@ class Trial:
 
     def in_block(self, block: int) -> "Trial":
         """This trial with only its finished runs of `block` (the runs beside trial `block`)."""
-        blocks = self.repeat_blocks or [self.number] * len(self.repeats)
-        kept = [run for run, run_block in zip(self.repeats, blocks) if run_block == block]
+        kept = [run for run, run_block in zip(self.repeats, self.run_blocks) if run_block == block]
         return replace(self, repeats=kept, repeat_blocks=[block] * len(kept))
 
 
@@ -187,8 +186,7 @@ def run_to_run_spread(trials: Sequence[Trial]) -> Optional[Tuple[float, int]]:
     trial shares), with its degrees of freedom; None with one run of each setting in each block."""
     groups = []
     for trial in trials:
-        blocks = trial.repeat_blocks or [trial.number] * len(trial.repeats)
-        for block in sorted(set(blocks)):
+        for block in sorted(set(trial.run_blocks)):
             groups.append([value for value, _ in trial.in_block(block).repeats])
     return pooled_log_spread(groups)
 
@@ -202,8 +200,8 @@ def drift_spread(trials: Sequence[Trial], within: Optional[Tuple[float, int]]) -
     noise = within[0] ** 2 if within else 0.0
     total, degrees = 0.0, 0
     for trial in trials:
-        blocks = sorted(set(trial.repeat_blocks or [trial.number] * len(trial.repeats)))
-        groups = [np.log([value for value, _ in trial.in_block(block).repeats]) for block in blocks]
+        runs = [trial.in_block(block).repeats for block in sorted(set(trial.run_blocks))]
+        groups = [np.log([value for value, _ in block_runs]) for block_runs in runs]
         if len(groups) < 2:
             continue
         counts = np.array([len(group) for group in groups], dtype=np.float64)
@@ -218,7 +216,7 @@ def drift_spread(trials: Sequence[Trial], within: Optional[Tuple[float, int]]) -
 
 def block_weights(trial: Trial) -> Dict[int, float]:
     """Block -> the share of the trial's finished runs in it (what each block's drift weighs in its mean)."""
-    blocks = trial.repeat_blocks or [trial.number] * max(len(trial.repeats), 1)
+    blocks = trial.run_blocks or [trial.number]  # a trial read without repeats: its one figure
     return {block: blocks.count(block) / len(blocks) for block in set(blocks)}
 
 
@@ -289,7 +287,7 @@ def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], drift: Opt
     if pooled is None:
         within = "each run's own interval (blocks of its timed steps), not the noise from one run to the next"
         if drift:
-            return f"Noise: {ran}. Every comparison held {within} beyond {measured}."
+            return f"Noise: {ran}. Every comparison held {within}, and {measured}."
         if repeats > 1:
             return f"Noise: {ran}, but no trial finished two runs, so every comparison held {within}."
         return (
