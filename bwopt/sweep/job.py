@@ -1,5 +1,5 @@
 """One job of a sweep, in the fresh process bwopt's launcher starts: `python -m bwopt.sweep.job JOB RESULT`,
-and how the launcher tells how a job ended.
+how the launcher tells how a job ended, and what it hands back to Hydra per override set.
 
 JOB holds what Hydra's own launcher would pass to `run_job` in-process (see bwopt.sweep.launcher);
 RESULT receives the job's status and return value. Exit code: 0 when the task completed, 1 when it
@@ -14,9 +14,11 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
-from hydra.core.utils import JobReturn, filter_overrides
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+
+from bwopt.sweep.results import median_objective
 
 
 class JobCrashed(RuntimeError):
@@ -59,6 +61,33 @@ def describe_failure(num: int, overrides: Optional[Sequence[str]], error) -> str
         return str(error)
     text = str(error).strip()
     return f"job #{num} ({shown(overrides)}) failed: {type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def per_override_set(sets: List[List[int]], returns: Dict[int, JobReturn], sweep_dir: Path) -> List[JobReturn]:
+    """One JobReturn per override set, in Hydra's order (`sets`: each set's job numbers): a set whose
+    repeats all completed returns the median of their objectives, otherwise its first failed repeat's
+    JobReturn, which names the batch's first failure (bwopt.sweep.launcher)."""
+    failures = {num: result for num, result in sorted(returns.items()) if result.status is not JobStatus.COMPLETED}
+    first_failure = ""
+    if failures:
+        num, result = next(iter(failures.items()))
+        first_failure = (
+            f"{describe_failure(num, result.overrides, result._return_value)}; {len(failures)} of "
+            f"{len(returns)} job(s) failed; see {sweep_dir / 'report.md'} and each job's folder"
+        )
+    folded = []
+    for numbers in sets:
+        results = [returns[num] for num in numbers]
+        failed = [result for result in results if result.status is not JobStatus.COMPLETED]
+        if failed:
+            folded.append(FailedJobReturn(**vars(failed[0]), first_failure=first_failure))
+            continue
+        first = results[0]
+        objectives = [result._return_value for result in results]
+        if len(results) > 1 and all(isinstance(value, (int, float)) for value in objectives):
+            first.return_value = median_objective(objectives)
+        folded.append(first)
+    return folded
 
 
 def main(job_file: Path, result_file: Path) -> int:

@@ -61,8 +61,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bwopt.redact import redact_in_place
-from bwopt.sweep.job import FailedJobReturn, JobCrashed, describe_failure, how_it_ended, shown
-from bwopt.sweep.results import median_objective
+from bwopt.sweep.job import JobCrashed, describe_failure, how_it_ended, per_override_set, shown
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +174,8 @@ class ProcessPerJobLauncher(Launcher):
                 from bwopt.signals import STOP
 
                 STOP.finishing = False
-        return self._per_override_set(jobs, returns, sweep_dir)
+        sets = [[job.num for job in jobs if job.index == index] for index in sorted({job.index for job in jobs})]
+        return per_override_set(sets, returns, sweep_dir)
 
     def _plan(self, job_overrides: Sequence[Sequence[str]], first: int, sweep_dir: Path) -> List[Job]:
         """Every job of this batch in launch order: k rounds over the override sets (see the module doc)."""
@@ -327,33 +327,6 @@ class ProcessPerJobLauncher(Launcher):
                 if item.process.poll() is None:
                     item.process.kill()
                     item.process.wait()
-
-    def _per_override_set(self, jobs: List[Job], returns: Dict[int, JobReturn], sweep_dir: Path) -> List[JobReturn]:
-        """One JobReturn per override set, in Hydra's order, its repeats folded (see the module doc)."""
-        failures = {num: result for num, result in sorted(returns.items()) if result.status is not JobStatus.COMPLETED}
-        first_failure = ""
-        if failures:
-            num, result = next(iter(failures.items()))
-            first_failure = (
-                f"{describe_failure(num, result.overrides, result._return_value)}; {len(failures)} of "
-                f"{len(returns)} job(s) failed; see {sweep_dir / 'report.md'} and each job's folder"
-            )
-        folded = []
-        for index in sorted({job.index for job in jobs}):
-            results = [returns[job.num] for job in jobs if job.index == index]
-            failed = [result for result in results if result.status is not JobStatus.COMPLETED]
-            if failed:
-                folded.append(FailedJobReturn(**vars(failed[0]), first_failure=first_failure))
-                continue
-            if len(results) == 1:
-                folded.append(results[0])
-                continue
-            objectives = [result._return_value for result in results]
-            first = results[0]
-            if all(isinstance(value, (int, float)) for value in objectives):
-                first.return_value = median_objective(objectives)
-            folded.append(first)
-        return folded
 
     def _start_parent(self, job_overrides: Sequence[Sequence[str]], sweep_dir: Path) -> None:
         """With tracking=mlflow, one parent run for the whole sweep (kept across Hydra's batches)."""

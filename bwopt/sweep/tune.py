@@ -27,17 +27,12 @@ artifacts, the table as its description and the result as metrics.
 
 import json
 import logging
-import os
 import resource
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
@@ -46,7 +41,7 @@ from bwopt.measure.host import available_cores
 from bwopt.memory import available_memory_bytes
 from bwopt.schema import SweepConfig
 from bwopt.sweep.sweeper import prepare_sweep
-from bwopt.sweep.tune_decide import ALLOWED_CHANGES, Budget, Profile, Stage
+from bwopt.sweep.tune_decide import Budget
 from bwopt.sweep.tune_plan import busy_cores_reason, plan
 from bwopt.sweep.tune_plot import plot_path
 from bwopt.sweep.tune_record import (
@@ -64,125 +59,23 @@ from bwopt.sweep.tune_record import (
     table,
     write_tuned,
 )
+from bwopt.sweep.tune_setup import (
+    BwoptTunerConf,
+    TuneConfigError,
+    profile_of,
+    run_probe,
+    start_knobs,
+    workload_overrides,
+)
 
 log = logging.getLogger(__name__)
 
 MEASURING = ["measure.ceilings=true"]
-NOT_PASSED_ON = ("tune", "hparams_search", "measure.ceilings")  # the sweep's own choices
-
-
-class TuneConfigError(ValueError):
-    """A tuner setting or a workload override the tuner cannot run with."""
-
-
-@dataclass
-class BwoptTunerConf:
-    """`hydra.sweeper.*` when `hydra/sweeper=bwopt_tuner`.
-
-    Attributes:
-        max_trials: trials in all, the start included.
-        repeats: runs of each trial, one after the other (2: their spread, pooled over the trials,
-            enters every comparison; 1: each interval holds only its own run's noise).
-        rerun_incumbent: run the incumbent once more between a candidate's repeats (before its
-            one run with repeats=1): its runs then span the tuning, and how their trial-to-trial
-            means scatter beyond the repeats' spread measures the machine's drift, which enters
-            every comparison.
-        target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
-        allow: opt-in changes that alter the math (precision, batch_size); none is proposed yet.
-        memory_share: of the memory available at the start, what caches and prefetch may hold.
-        probe: probe the pipeline's stages (tf.data's model) before planning; false runs the
-            start alone.
-        params: a sweep's values that an `experiment` preset may carry (`pipeline: naive,tuned`):
-            tune starts from one workload, so they are not run (the command line chooses).
-    """
-
-    _target_: str = "hydra_plugins.bwopt_tuner.bwopt_tuner.BwoptTuner"
-    max_trials: int = 5
-    repeats: int = 2
-    rerun_incumbent: bool = True
-    target_fraction: float = 0.9
-    allow: List[str] = field(default_factory=list)
-    memory_share: float = 0.5
-    probe: bool = True
-    params: Dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.allow = list(self.allow)
-        if self.max_trials < 1:
-            raise TuneConfigError(f"hydra.sweeper.max_trials={self.max_trials}; expected an integer >= 1")
-        if self.repeats < 1:
-            raise TuneConfigError(f"hydra.sweeper.repeats={self.repeats}; expected an integer >= 1")
-        if not 0 < self.target_fraction <= 1:
-            raise TuneConfigError(f"hydra.sweeper.target_fraction={self.target_fraction}; expected a value in (0, 1]")
-        if not 0 < self.memory_share <= 1:
-            raise TuneConfigError(f"hydra.sweeper.memory_share={self.memory_share}; expected a value in (0, 1]")
-        unknown = [item for item in self.allow if item not in ALLOWED_CHANGES]
-        if unknown:
-            raise TuneConfigError(f"hydra.sweeper.allow={self.allow}: expected some of {', '.join(ALLOWED_CHANGES)}")
-
-
-def workload_overrides(arguments: List[str]) -> List[str]:
-    """The command line's overrides minus the sweep's own; a sweep (a,b) cannot be tuned from."""
-    parsed = OverridesParser.create().parse_overrides(list(arguments))
-    swept = [override.input_line for override in parsed if override.is_sweep_override()]
-    if swept:
-        raise TuneConfigError(f"{' '.join(swept)}: tune starts from one workload; give one value per key")
-    return [override.input_line for override in parsed if override.get_key_element() not in NOT_PASSED_ON]
-
-
-def start_knobs(config: DictConfig, cores: int) -> Dict[str, Any]:
-    """The start's pipeline knobs as the cost model reads them; autotune counts as the cores (parallelism)."""
-    pipeline = config.pipeline
-
-    def count(value, autotuned: int) -> int:
-        return autotuned if value == "autotune" else int(value)
-
-    return {
-        "map_parallelism": count(pipeline.map_parallelism, cores),
-        "interleave_width": count(pipeline.interleave.num_parallel_calls, cores),
-        "prefetch": count(pipeline.prefetch, 2),
-        "cached": pipeline.cache != "off",
-        "vectorized": bool(pipeline.vectorized_map),
-        "uint8": pipeline.transfer_dtype == "uint8",
-        "steps_per_execution": int(config.train.steps_per_execution),
-    }
-
-
-def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
-    """The cost model's view: the probe's stages and the start's step time and host overhead."""
-    fields = set(Stage.__dataclass_fields__)
-    stages = tuple(
-        Stage(**{key: value for key, value in stage.items() if key in fields}) for stage in picture["stages"]
-    )
-    batch = picture["batch_size"]
-    return Profile(
-        stages=stages,
-        batch_size=batch,
-        examples_per_epoch=picture["examples_per_epoch"],
-        step_time_s=batch / start.compute_ceiling if start.compute_ceiling else 0.0,
-        vectorized_map_cost_s=picture["vectorized_map_cost_s"],
-        integer_features=picture["integer_features"],
-        feature_bytes_per_example=picture["feature_bytes_per_example"],
-        num_files=picture["num_files"],
-        host_overhead_share=start.step_partition.get("host_overhead", 0.0),
-        steps_per_epoch=picture["steps_per_epoch"],
-        epochs=picture["epochs"],
-    )
 
 
 def children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def run_probe(overrides: List[str], output: Path) -> Dict[str, Any]:
-    """The per-stage picture of the pipeline `overrides` configure (bwopt.sweep.tune_probe, a fresh process)."""
-    with tempfile.TemporaryDirectory(prefix="bwopt-tune-") as scratch:
-        arguments = Path(scratch) / "overrides.json"
-        arguments.write_text(json.dumps(overrides))
-        command = [sys.executable, "-m", "bwopt.sweep.tune_probe", str(arguments), str(output)]
-        subprocess.run(command, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    return json.loads(output.read_text())
 
 
 class PipelineTuner(Sweeper):

@@ -9,10 +9,11 @@ Hydra, OmegaConf and bwopt's light modules (TensorFlow loads only in the probe's
 from hydra.core.config_store import ConfigStore
 
 from bwopt.sweep import tune
+from bwopt.sweep.tune_setup import BwoptTunerConf
 
 
 class BwoptTuner(tune.PipelineTuner):
     """Measure, change, verify: each proposal kept only when it beats the incumbent beyond the noise."""
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="bwopt_tuner", node=tune.BwoptTunerConf, provider="bwopt")
+ConfigStore.instance().store(group="hydra/sweeper", name="bwopt_tuner", node=BwoptTunerConf, provider="bwopt")
