@@ -13,6 +13,7 @@ compare repeats (`compare`).
 """
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -157,22 +158,29 @@ class Comparison:
     """A / B of two throughputs, with the ratio's 95 % interval and a word.
 
     `word` is "faster" when the whole interval lies above 1, "slower" below 1, else
-    "no difference detected".
+    "no difference detected". `level`: the interval's (95 %, or a sequential test's per-look level,
+    `sequential_level`, which keeps the test's overall error rate at 5 %).
     """
 
     ratio: float
     ci95: Tuple[float, float]
     word: str
+    level: float = CONFIDENCE
+
+    @property
+    def interval_name(self) -> str:
+        return "95 % CI" if self.level == CONFIDENCE else f"{self.level * 100:.1f} % CI per look"
 
     def sentence(self, name: str, other: str) -> str:
         low, high = self.ci95
-        return f"{name} vs {other}: ×{self.ratio:.2f} (95 % CI ×{low:.2f}–×{high:.2f}), {self.word}"
+        return f"{name} vs {other}: ×{self.ratio:.2f} ({self.interval_name} ×{low:.2f}–×{high:.2f}), {self.word}"
 
 
 def log_estimate(
     values: Sequence[float],
     intervals: Sequence[Optional[Sequence[float]]],
     pooled: Optional[Tuple[float, int]] = None,
+    level: float = CONFIDENCE,
 ) -> Tuple[float, float]:
     """(mean of log throughput, its standard error) over repeats of one setting.
 
@@ -183,7 +191,8 @@ def log_estimate(
     `pooled_log_spread` over every setting of a sweep). A spread estimated from few repeats is
     itself uncertain: the between-repeat error is scaled by Student's t over 1.96 (×6.5 at 1
     degree of freedom, ×1.6 at 3), so that the normal interval `compare` draws is at least as
-    wide as the t interval of each side.
+    wide as the t interval of each side; at another `level` (a sequential test's, `sequential_level`)
+    by Student's t over the normal quantile of that level.
     """
     logs = np.log(np.asarray(values, dtype=np.float64))
     within = [  # an interval of zero width (one timed step) says nothing of the noise
@@ -200,7 +209,7 @@ def log_estimate(
         spread, degrees = 0.0, 0
     if not within and not degrees:  # one run and no interval: nothing says how far it could move
         return float(logs.mean()), math.inf
-    between_se = spread / math.sqrt(len(logs)) * t_95(degrees) / Z_95 if degrees else 0.0
+    between_se = spread / math.sqrt(len(logs)) * t_over_z(degrees, level) if degrees else 0.0
     return float(logs.mean()), max(within_se, between_se)
 
 
@@ -217,20 +226,46 @@ def pooled_log_spread(groups: Sequence[Sequence[float]]) -> Optional[Tuple[float
     return (math.sqrt(squares / degrees), degrees) if degrees else None
 
 
-def t_95(degrees: int) -> float:
-    """Student's t, two-sided 95 %, at `degrees` degrees of freedom."""
+def t_95(degrees: int, level: float = CONFIDENCE) -> float:
+    """Student's t, two-sided at `level` (95 %), at `degrees` degrees of freedom."""
     from scipy.stats import t as student_t
 
-    return float(student_t.ppf(0.975, degrees))
+    return float(student_t.ppf(0.5 + level / 2, degrees))
 
 
-def compare(a: Tuple[float, float], b: Tuple[float, float]) -> Comparison:
-    """A / B from two `log_estimate`s."""
+def z_of(level: float) -> float:
+    """The normal quantile of a two-sided interval at `level` (1.96 at 95 %)."""
+    return Z_95 if level == CONFIDENCE else float(statistics.NormalDist().inv_cdf(0.5 + level / 2))
+
+
+def t_over_z(degrees: int, level: float = CONFIDENCE) -> float:
+    """How much wider a spread estimated with `degrees` degrees of freedom makes a normal interval at `level`."""
+    return t_95(degrees, level) / z_of(level)
+
+
+# Pocock's constant nominal levels: a test looked at up to K times (equal shares of the data each
+# time), each look two-sided at this level, errs at most 5 % of the time over all K together
+# (Pocock 1977; Jennison & Turnbull, Group Sequential Methods, table 2.1: 2.178, 2.289, 2.361, 2.413).
+POCOCK_Z = {1: Z_95, 2: 2.178, 3: 2.289, 4: 2.361, 5: 2.413}
+
+
+def sequential_level(looks: int) -> float:
+    """The two-sided level each of `looks` looks at one comparison takes so that the comparison as a
+    whole keeps a 95 % interval's error rate (`POCOCK_Z`): a second look at more runs is not a
+    second chance to call noise a win."""
+    if looks not in POCOCK_Z:
+        raise ValueError(f"looks={looks}; expected one of {sorted(POCOCK_Z)}")
+    return CONFIDENCE if looks == 1 else 2 * statistics.NormalDist().cdf(POCOCK_Z[looks]) - 1
+
+
+def compare(a: Tuple[float, float], b: Tuple[float, float], level: float = CONFIDENCE) -> Comparison:
+    """A / B from two `log_estimate`s (made at the same `level`)."""
     difference = a[0] - b[0]
     error = math.sqrt(a[1] ** 2 + b[1] ** 2)
-    low, high = math.exp(difference - Z_95 * error), math.exp(difference + Z_95 * error)
+    z = z_of(level)
+    low, high = math.exp(difference - z * error), math.exp(difference + z * error)
     word = "faster" if low > 1 else "slower" if high < 1 else "no difference detected"
-    return Comparison(math.exp(difference), (low, high), word)
+    return Comparison(math.exp(difference), (low, high), word, level)
 
 
 def repeats_to_resolve(comparison: Comparison, repeats: int) -> Optional[int]:

@@ -15,8 +15,10 @@ MLflow parent run, the sweep report), one at a time, each with `measure.ceilings
    (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, the
    spread between a trial's repeats pooled over every trial so far, and the machine's drift
    between trials, which the incumbent's runs beside later candidates measure)
-   and learned as well (val_accuracy within `sweep.accuracy_tolerance` of the start's); otherwise
-   it is reverted, and the table says so;
+   and learned as well (val_accuracy within `sweep.accuracy_tolerance` of the start's); a
+   comparison that is undecided but leans the candidate's way gets another round (up to
+   `extra_rounds`), every look at Pocock's level so that the looks together err no more often
+   than one 95 % comparison; otherwise the candidate is reverted, and the table says so;
 4. it stops when the incumbent reaches `target_fraction` of its compute ceiling (the input side
    has nothing left to give), when no proposal is left, or after `max_trials` trials.
 
@@ -38,6 +40,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from bwopt.measure.host import available_cores
+from bwopt.measure.uncertainty import sequential_level
 from bwopt.memory import available_memory_bytes
 from bwopt.schema import SweepConfig
 from bwopt.sweep.sweeper import prepare_sweep
@@ -54,6 +57,7 @@ from bwopt.sweep.tune_record import (
     pool_intervals,
     ratio_text,
     read_repeats,
+    rounds_sentence,
     run_to_run_spread,
     stage_table,
     table,
@@ -94,6 +98,9 @@ class PipelineTuner(Sweeper):
         self.probe_file = self.sweep_dir / "tune_probe_start.json"
         self.trials: List[Trial] = []
         self.launched = 0  # runs so far: the next one's job folder
+        self.rounds = 0  # rounds so far: the next one's block
+        self.level = sequential_level(1 + self.settings.extra_rounds)  # each look's, Pocock's
+        self.extended: List[int] = []  # trials that ran an extra round
         self.skipped: List[str] = []
         # `tune=NAME` goes to every trial (as `hparams_search=` does to the search's): a job composes
         # the command line's hydra.sweeper.* overrides, which only this sweeper's schema has.
@@ -159,15 +166,22 @@ class PipelineTuner(Sweeper):
                 len(self.trials), proposal.name, proposal.reason, {**incumbent.overrides, **proposal.overrides}
             )
             self._run(base, candidate, incumbent)
-            self._judge(candidate, incumbent, start)
+            self._settle(base, candidate, incumbent, start)
             (kept if candidate.kept else rejected).append(proposal.name)
             incumbent = candidate if candidate.kept else incumbent
         return self._finish(base, incumbent, stop, time.monotonic() - started)
 
     def _run(self, base: List[str], trial: Trial, incumbent: Optional[Trial] = None) -> Trial:
-        """Trial's repeats, each a launch of its own, one after the other whichever the launcher; with
-        `rerun_incumbent`, one more run of `incumbent` among them (c, i, c), read into it too."""
         log.info(f"tune trial {trial.number} ({trial.change}): {trial.reason}")
+        self._round(base, trial, incumbent)
+        self.trials.append(trial)
+        return trial
+
+    def _round(self, base: List[str], trial: Trial, incumbent: Optional[Trial] = None) -> None:
+        """A round of `trial`: its repeats, each a launch of its own, one after the other whichever the
+        launcher; with `rerun_incumbent`, one more run of `incumbent` among them (c, i, c), read into it
+        too. A round's runs share their minutes: one block of the drift model (`drift_spread`)."""
+        block, self.rounds = self.rounds, self.rounds + 1
         order = [trial] * self.settings.repeats
         rerun = incumbent is not None and self.settings.rerun_incumbent
         if rerun:
@@ -175,16 +189,14 @@ class PipelineTuner(Sweeper):
         for who in order:
             if who is incumbent:
                 log.info(f"tune trial {incumbent.number} ({incumbent.change}) runs again beside it")
-            self._launch(base, who, block=trial.number)
+            self._launch(base, who, block)
         read_repeats(trial.folders, trial, trial.blocks)
         if rerun:  # the incumbent's figures, now over its runs spread over the tuning
             read_repeats(incumbent.folders, incumbent, incumbent.blocks)
-        self.trials.append(trial)
-        return trial
 
     def _launch(self, base: List[str], trial: Trial, block: int) -> None:
-        """One run of `trial` beside trial `block` in the sweep's next job folder; its wall and CPU
-        time count to the trial."""
+        """One run of `trial` in round `block`, in the sweep's next job folder; its wall and CPU time
+        count to the trial."""
         changes = (f"{key}={value}" for key, value in trial.overrides.items())
         folder = self.sweep_dir / str(self.launched)
         self.launched += 1
@@ -222,26 +234,38 @@ class PipelineTuner(Sweeper):
         ceiling = incumbent.compute_ceiling
         return bool(ceiling and incumbent.throughput >= self.settings.target_fraction * ceiling)
 
-    def _judge(self, candidate: Trial, incumbent: Trial, start: Trial) -> None:
-        """Keep the candidate only when it is faster beyond the noise and learned as well as the start."""
+    def _settle(self, base: List[str], candidate: Trial, incumbent: Trial, start: Trial) -> None:
+        """Judge the candidate's round; while undecided but leaning its way, up to `extra_rounds` rounds more."""
+        looks = 1
+        while self._judge(candidate, incumbent, start) and looks <= self.settings.extra_rounds:
+            log.info(f"tune trial {candidate.number}: undecided, leaning its way: one more round")
+            self.extended.append(candidate.number)
+            self._round(base, candidate, incumbent)
+            looks += 1
+
+    def _judge(self, candidate: Trial, incumbent: Trial, start: Trial) -> bool:
+        """Keep the candidate only when it is faster beyond the noise and learned as well as the start;
+        True when the comparison is undecided but leans the candidate's way (another round may tell)."""
         if candidate.failed:
             candidate.note = "the run failed; reverted"
-            return
+            return False
         pooled = run_to_run_spread(self.trials)
-        comparison = against(candidate, incumbent, pooled, drift_spread(self.trials, pooled))
+        comparison = against(candidate, incumbent, pooled, drift_spread(self.trials, pooled), self.level)
         candidate.against_incumbent = comparison
         worse = (
             candidate.val_accuracy is not None
             and start.val_accuracy is not None
             and start.val_accuracy - candidate.val_accuracy > self.accuracy_tolerance + 1e-9
         )
+        candidate.note = ""
         if worse:
             candidate.note = f"val_accuracy {candidate.val_accuracy:.3f} below the start's {start.val_accuracy:.3f}"
         elif comparison.word != "faster":
             candidate.note = f"{ratio_text(comparison)} the incumbent, {comparison.word}; reverted"
         candidate.kept = not worse and comparison.word == "faster"
-        verdict = "kept" if candidate.kept else "reverted"
+        verdict = "kept" if candidate.kept else "not kept"
         log.info(f"tune trial {candidate.number}: {ratio_text(comparison)} the incumbent, {comparison.word}: {verdict}")
+        return not worse and comparison.word == "no difference detected" and comparison.ratio > 1
 
     def _finish(self, base: List[str], final: Trial, stop: str, elapsed_s: float) -> Dict[str, Any]:
         start = self.trials[0]
@@ -259,6 +283,7 @@ class PipelineTuner(Sweeper):
                 table(self.trials),
                 f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
                 noise_sentence(self.settings.repeats, pooled, drift),
+                *filter(None, [rounds_sentence(self.settings.extra_rounds, self.level, sorted(set(self.extended)))]),
                 *([f"Not tried: {'; '.join(self.skipped)}"] if self.skipped else []),
             ]
         )

@@ -15,7 +15,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from bwopt.measure.uncertainty import Z_95, Comparison, compare, log_estimate, pooled_log_spread, t_95
+from bwopt.measure.uncertainty import (
+    CONFIDENCE,
+    Z_95,
+    Comparison,
+    compare,
+    log_estimate,
+    pooled_log_spread,
+    t_over_z,
+)
 from bwopt.sweep.results import read_job, read_summary
 
 TABLE_HEADER = (
@@ -38,9 +46,10 @@ class Trial:
             repeats, their median and the interval of their mean (`estimate`).
         repeats: (examples/s, its run's 95 % interval) of each finished run.
         folders, blocks: the job folders of its runs in launch order (its repeats, and an
-            incumbent's runs beside later candidates), and the trial each ran beside: its own
-            number for its repeats, a candidate's for a run beside it (a block: runs a few minutes
-            apart, which share the machine's state; `drift_spread` measures how blocks differ).
+            incumbent's runs beside later candidates), and the round each ran in (a block: a
+            candidate's repeats and the incumbent's run among them, a few minutes that share the
+            machine's state; `drift_spread` measures how blocks differ). Without extra rounds a
+            trial's own round is its number.
         repeat_blocks: the block of each finished run (beside `repeats`).
         compute_ceiling, input_ceiling, cores_ceiling: examples/s (None when not measured; the
             cores ceiling is what the step and the pipeline sustain together on the cores they share).
@@ -112,11 +121,12 @@ class Trial:
     def overrides_text(self) -> List[str]:
         return [f"{key}={value}" for key, value in self.overrides.items()]
 
-    def estimate(self, pooled: Optional[Tuple[float, int]] = None) -> Tuple[float, float]:
+    def estimate(self, pooled: Optional[Tuple[float, int]] = None, level: float = CONFIDENCE) -> Tuple[float, float]:
         """(mean log throughput, its standard error) over the finished repeats, their run-to-run spread
         `pooled` over the tuning's trials when measured (bwopt.measure.uncertainty.log_estimate)."""
         repeats = self.repeats or [(self.throughput, self.ci95)]
-        return log_estimate([value for value, _ in repeats], [interval for _, interval in repeats], pooled)
+        values, intervals = [value for value, _ in repeats], [interval for _, interval in repeats]
+        return log_estimate(values, intervals, pooled, level)
 
     def in_block(self, block: int) -> "Trial":
         """This trial with only its finished runs of `block` (the runs beside trial `block`)."""
@@ -225,25 +235,27 @@ def against(
     incumbent: Trial,
     pooled: Optional[Tuple[float, int]] = None,
     drift: Optional[Tuple[float, int]] = None,
+    level: float = CONFIDENCE,
 ) -> Comparison:
     """candidate / incumbent with the ratio's 95 % interval (bwopt.measure.uncertainty): the mean
     log throughput of every finished run of each, with each run's own interval and the run-to-run
     spread `pooled` where repeats measured it; and the machine's `drift` between blocks where it
     was measured (`drift_spread`): the two means draw on blocks in different shares, and each
     block's drift enters the difference by the gap between its two shares, scaled by Student's t
-    for the drift's degrees of freedom."""
-    own, other = candidate.estimate(pooled), incumbent.estimate(pooled)
+    for the drift's degrees of freedom. `level`: a sequential test's per-look level (tune's
+    `extra_rounds`, bwopt.measure.uncertainty.sequential_level), 95 % otherwise."""
+    own, other = candidate.estimate(pooled, level), incumbent.estimate(pooled, level)
     if drift is not None and drift[0] > 0:
         mine, theirs = block_weights(candidate), block_weights(incumbent)
         gaps = sum((mine.get(block, 0.0) - theirs.get(block, 0.0)) ** 2 for block in set(mine) | set(theirs))
-        error = drift[0] * math.sqrt(gaps) * t_95(drift[1]) / Z_95
+        error = drift[0] * math.sqrt(gaps) * t_over_z(drift[1], level)
         other = (other[0], math.hypot(other[1], error))
-    return compare(own, other)
+    return compare(own, other, level)
 
 
 def ratio_text(comparison: Comparison) -> str:
     low, high = comparison.ci95
-    return f"×{comparison.ratio:.2f} (95 % CI ×{low:.2f}–×{high:.2f})"
+    return f"×{comparison.ratio:.2f} ({comparison.interval_name} ×{low:.2f}–×{high:.2f})"
 
 
 def figure_text(trial: Trial) -> str:
@@ -303,6 +315,21 @@ def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], drift: Opt
     return (
         f"Noise: {ran}. Every comparison held {spread}. Drift of the machine between one trial's runs and "
         "the next trial's is not in it (`hydra.sweeper.rerun_incumbent=true` measures it)."
+    )
+
+
+def rounds_sentence(extra_rounds: int, level: float, extended: Sequence[int]) -> str:
+    """What the extra rounds did and the level every comparison with the incumbent took for them."""
+    if not extra_rounds:
+        return ""
+    trials = f"trial{'s' if len(extended) > 1 else ''} {', '.join(map(str, extended))}"
+    did = f" ({trials} did)" if extended else " (none needed one)"
+    rounds = f"{extra_rounds} round{'' if extra_rounds == 1 else 's'}"
+    return (
+        f"Rounds: a candidate undecided but leaning its way could run up to {rounds} more beside the "
+        f"incumbent{did}; every comparison with the incumbent took {level * 100:.1f} % per look (Pocock's level "
+        f"for {extra_rounds + 1} looks), so its looks together call noise a difference no more often than one "
+        "95 % comparison."
     )
 
 

@@ -17,9 +17,11 @@ from typing import Any, Dict, List
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
+from bwopt.measure.uncertainty import POCOCK_Z
 from bwopt.sweep.tune_decide import ALLOWED_CHANGES, Profile, Stage
 from bwopt.sweep.tune_record import Trial
 
+MAX_EXTRA_ROUNDS = max(POCOCK_Z) - 1  # looks with a known Pocock level
 NOT_PASSED_ON = ("tune", "hparams_search", "measure.ceilings")  # the sweep's own choices
 
 
@@ -39,6 +41,10 @@ class BwoptTunerConf:
             one run with repeats=1): its runs then span the tuning, and how their trial-to-trial
             means scatter beyond the repeats' spread measures the machine's drift, which enters
             every comparison.
+        extra_rounds: rounds more a candidate may run (its repeats around one more run of the
+            incumbent, again) while its comparison is undecided but leans its way; every
+            comparison then takes Pocock's per-look level for 1 + extra_rounds looks, so the
+            tuning as a whole errs no more often than one 95 % comparison (0 to 4).
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
         allow: opt-in changes that alter the math (precision, batch_size); none is proposed yet.
         memory_share: of the memory available at the start, what caches and prefetch may hold.
@@ -52,6 +58,7 @@ class BwoptTunerConf:
     max_trials: int = 5
     repeats: int = 2
     rerun_incumbent: bool = True
+    extra_rounds: int = 1
     target_fraction: float = 0.9
     allow: List[str] = field(default_factory=list)
     memory_share: float = 0.5
@@ -64,6 +71,10 @@ class BwoptTunerConf:
             raise TuneConfigError(f"hydra.sweeper.max_trials={self.max_trials}; expected an integer >= 1")
         if self.repeats < 1:
             raise TuneConfigError(f"hydra.sweeper.repeats={self.repeats}; expected an integer >= 1")
+        if not 0 <= self.extra_rounds <= MAX_EXTRA_ROUNDS:
+            raise TuneConfigError(
+                f"hydra.sweeper.extra_rounds={self.extra_rounds}; expected an integer in 0..{MAX_EXTRA_ROUNDS}"
+            )
         if not 0 < self.target_fraction <= 1:
             raise TuneConfigError(f"hydra.sweeper.target_fraction={self.target_fraction}; expected a value in (0, 1]")
         if not 0 < self.memory_share <= 1:

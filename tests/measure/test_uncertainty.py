@@ -6,7 +6,15 @@ import pytest
 from bwopt.measure import HostReferences, StepPlan, StepTimer, timing_figures
 from bwopt.measure.plan import extra_steps_needed
 from bwopt.measure.timing import interval_verdict
-from bwopt.measure.uncertainty import PARTS, compare, log_estimate, repeats_to_resolve, step_uncertainty
+from bwopt.measure.uncertainty import (
+    PARTS,
+    POCOCK_Z,
+    compare,
+    log_estimate,
+    repeats_to_resolve,
+    sequential_level,
+    step_uncertainty,
+)
 
 
 def coverage(make_steps, true_throughput: float, trials: int = 150) -> float:
@@ -134,6 +142,28 @@ def test_comparisons_say_faster_slower_or_no_difference_with_the_ratios_interval
     assert tie.word == "no difference detected" and tie.ci95[0] < 1 < tie.ci95[1]
     assert repeats_to_resolve(tie, 2) > 2
     assert "×" in faster.sentence("a", "b") and "95 % CI" in faster.sentence("a", "b")
+
+
+@pytest.mark.parametrize("looks", sorted(POCOCK_Z))
+def test_a_comparison_looked_at_again_after_more_runs_errs_no_more_often_than_one_95_percent_look(looks):
+    """Simulated without any difference: a statistic over the runs so far, looked at after each of
+    `looks` equal batches of runs. Two-sided at 95 % on every look, some look calls noise a
+    difference 8 % (2 looks) to 14 % (5) of the time; at `sequential_level(looks)` on every look,
+    5 %, as one look at 95 %."""
+    from statistics import NormalDist
+
+    rng = np.random.default_rng(looks)
+    sums = np.cumsum(rng.standard_normal((200_000, looks)), axis=1)
+    z = np.abs(sums / np.sqrt(np.arange(1, looks + 1)))
+    per_look = NormalDist().inv_cdf(0.5 + sequential_level(looks) / 2)
+    assert np.mean(np.any(z > per_look, axis=1)) == pytest.approx(0.05, abs=0.003)
+    if looks > 1:
+        assert np.mean(np.any(z > 1.959964, axis=1)) > 0.075
+    assert sequential_level(looks) == pytest.approx(0.95) if looks == 1 else sequential_level(looks) > 0.95
+    # the same two estimates, compared at a later look's level: the same ratio, a wider interval
+    a, b = log_estimate([1100.0, 1120.0], [[1080.0, 1130.0]] * 2), log_estimate([1000.0, 990.0], [[980.0, 1020.0]] * 2)
+    once, sequential = compare(a, b), compare(a, b, sequential_level(looks))
+    assert sequential.ratio == once.ratio and sequential.ci95[0] <= once.ci95[0] <= once.ci95[1] <= sequential.ci95[1]
 
 
 def test_a_window_of_a_few_steps_gets_an_interval_that_is_not_a_point():

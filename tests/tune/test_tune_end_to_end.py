@@ -21,6 +21,8 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
         *WORKLOAD,
         *SMALL,
         "hydra.sweeper.max_trials=2",  # and hydra.sweeper.repeats=2, rerun_incumbent=true, the defaults
+        # one round per candidate, whatever its first look says (extra rounds: test_tune_rounds.py)
+        "hydra.sweeper.extra_rounds=0",
         "hydra.sweep.dir=tuning",
         cwd=tmp_path,
     )
@@ -87,6 +89,7 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
         ("hydra.sweeper.max_trials=0", "hydra.sweeper.max_trials=0"),
         ("hydra.sweeper.allow=[layers]", "hydra.sweeper.allow=['layers']"),
         ("hydra.sweeper.repeats=0", "hydra.sweeper.repeats=0"),
+        ("hydra.sweeper.extra_rounds=9", "hydra.sweeper.extra_rounds=9"),
         ("hydra.launcher.repeats=2", "hydra.launcher.repeats=2"),
         ("pipeline.prefetch=0,2", "pipeline.prefetch=0,2"),
     ],

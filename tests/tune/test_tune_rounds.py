@@ -1,0 +1,102 @@
+"""tune's extra rounds: a candidate whose comparison is undecided but leans its way runs again
+beside the incumbent, every look at Pocock's level. The runs here are job folders written by a
+launcher that hands back throughputs chosen in advance (the rounds' decisions are known answers;
+real trials cannot be made to land undecided on purpose), read by tune's own code."""
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from bwopt.measure.uncertainty import sequential_level
+from bwopt.sweep.tune_record import Trial, ratio_text, rounds_sentence
+from bwopt.sweep.tune_setup import BwoptTunerConf, TuneConfigError
+from hydra_plugins.bwopt_tuner.bwopt_tuner import BwoptTuner
+
+
+class ScriptedLauncher:
+    """Writes each launched job's folder with the next throughput scripted for its overrides."""
+
+    def __init__(self, sweep_dir: Path, script: Dict[str, List[float]]) -> None:
+        self.sweep_dir, self.script, self.launched = (
+            sweep_dir,
+            {key: list(values) for key, values in script.items()},
+            [],
+        )
+
+    def launch(self, job_overrides, initial_job_idx: int):
+        (overrides,) = job_overrides
+        who = "candidate" if "pipeline.prefetch=2" in overrides else "start"
+        throughput = self.script[who].pop(0)
+        folder = self.sweep_dir / str(initial_job_idx)
+        folder.mkdir(parents=True)
+        figures = {
+            "throughput_examples_per_s": throughput,
+            "throughput_examples_per_s_ci95": [throughput * 0.99, throughput * 1.01],
+        }
+        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": {}}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
+        self.launched.append((who, throughput))
+        return []
+
+
+def tune_with(tmp_path: Path, script: Dict[str, List[float]], **settings) -> BwoptTuner:
+    tuner = BwoptTuner(**settings)
+    tuner.sweep_dir = tmp_path
+    tuner.launcher = ScriptedLauncher(tmp_path, script)
+    start = tuner._run([], Trial(0, "start", "the workload as given", {}))
+    start.kept = True
+    candidate = Trial(1, "prefetch", "…", {"pipeline.prefetch": "2"})
+    tuner._run([], candidate, start)
+    tuner._settle([], candidate, start, start)
+    return tuner
+
+
+START = [1000.0, 1050.0]  # the start's own two runs; its run beside each candidate round follows
+FIRST_ROUND = [1150.0, 1210.0]  # a candidate's runs ~15 % faster, scattering as the start's do
+
+
+def test_an_undecided_gain_runs_one_more_round_and_is_kept_when_the_round_resolves_it(tmp_path):
+    # at Pocock's level for two looks, the first round's two runs a side leave ~15 % undecided (a
+    # second round ran); its four resolve it
+    tuner = tune_with(tmp_path, {"start": [*START, 1020.0, 1030.0], "candidate": [*FIRST_ROUND, 1160.0, 1200.0]})
+    start, candidate = tuner.trials
+    assert tuner.level == pytest.approx(sequential_level(2)) and tuner.level > 0.95
+    assert [who for who, _ in tuner.launcher.launched] == ["start", "start"] + ["candidate", "start", "candidate"] * 2
+    assert candidate.blocks == [1, 1, 2, 2] and start.blocks == [0, 0, 1, 2]  # a round is a block
+    assert len(candidate.repeats) == 4 and candidate.kept and not candidate.note
+    comparison = candidate.against_incumbent
+    assert comparison.word == "faster" and comparison.ratio == pytest.approx(1.15, abs=0.02)
+    assert "97.1 % CI per look" in ratio_text(comparison) and tuner.extended == [1]
+    said = rounds_sentence(1, tuner.level, tuner.extended)
+    assert "up to 1 round more" in said and "(trial 1 did)" in said and "97.1 % per look" in said
+    assert rounds_sentence(0, 0.95, []) == "" and "(none needed one)" in rounds_sentence(2, 0.98, [])
+
+
+def test_a_gain_that_the_second_round_does_not_confirm_is_reverted_after_it(tmp_path):
+    tuner = tune_with(tmp_path, {"start": [*START, 1020.0, 1090.0], "candidate": [*FIRST_ROUND, 1060.0, 1100.0]})
+    candidate = tuner.trials[1]
+    assert len(tuner.launcher.launched) == 8 and len(candidate.repeats) == 4
+    assert not candidate.kept and "no difference detected; reverted" in candidate.note
+
+
+@pytest.mark.parametrize(
+    "script, settings",
+    [
+        ({"start": [*START, 1020.0], "candidate": [980.0, 1010.0]}, {}),  # leans the other way
+        ({"start": [*START, 1020.0], "candidate": FIRST_ROUND}, {"extra_rounds": 0}),
+        ({"start": [*START, 1020.0], "candidate": [1300.0, 1330.0]}, {}),  # faster at once
+    ],
+    ids=["leans slower", "extra_rounds=0", "decided"],
+)
+def test_no_extra_round_for_a_candidate_that_leans_slower_is_decided_or_has_none_left(tmp_path, script, settings):
+    tuner = tune_with(tmp_path, script, **settings)
+    assert len(tuner.launcher.launched) == 5
+
+
+@pytest.mark.parametrize("value", [-1, 5])
+def test_extra_rounds_outside_the_looks_with_a_known_level_are_refused(value):
+    with pytest.raises(TuneConfigError, match=f"hydra.sweeper.extra_rounds={value}; expected an integer in 0..4"):
+        BwoptTunerConf(extra_rounds=value)
