@@ -155,7 +155,7 @@ def percent_range(bounds: Sequence[float]) -> str:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A / B of two throughputs, with the ratio's 95 % interval and a word.
+    """A / B of two throughputs, with the ratio's interval (95 % unless `level` says otherwise) and a word.
 
     `word` is "faster" when the whole interval lies above 1, "slower" below 1, else
     "no difference detected". `level`: the interval's (95 %, or a sequential test's per-look level,

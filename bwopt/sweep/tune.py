@@ -180,10 +180,14 @@ class PipelineTuner(Sweeper):
     def _round(self, base: List[str], trial: Trial, incumbent: Optional[Trial] = None) -> None:
         """A round of `trial`: its repeats, each a launch of its own, one after the other whichever the
         launcher; with `rerun_incumbent`, one more run of `incumbent` among them (c, i, c), read into it
-        too. A round's runs share their minutes: one block of the drift model (`drift_spread`)."""
-        block, self.rounds = self.rounds, self.rounds + 1
-        order = [trial] * self.settings.repeats
+        too. A round's runs share their minutes: one block of the drift model (`drift_spread`). Without
+        `rerun_incumbent` no incumbent run measures the drift, so a trial's rounds stay one block."""
         rerun = incumbent is not None and self.settings.rerun_incumbent
+        if rerun or not trial.blocks:
+            block, self.rounds = self.rounds, self.rounds + 1
+        else:
+            block = trial.blocks[0]
+        order = [trial] * self.settings.repeats
         if rerun:
             order.insert(self.settings.repeats // 2, incumbent)
         for who in order:

@@ -129,7 +129,7 @@ class Trial:
         return log_estimate(values, intervals, pooled, level)
 
     def in_block(self, block: int) -> "Trial":
-        """This trial with only its finished runs of `block` (the runs beside trial `block`)."""
+        """This trial with only its finished runs of round `block`."""
         kept = [run for run, run_block in zip(self.repeats, self.run_blocks) if run_block == block]
         return replace(self, repeats=kept, repeat_blocks=[block] * len(kept))
 
@@ -237,7 +237,7 @@ def against(
     drift: Optional[Tuple[float, int]] = None,
     level: float = CONFIDENCE,
 ) -> Comparison:
-    """candidate / incumbent with the ratio's 95 % interval (bwopt.measure.uncertainty): the mean
+    """candidate / incumbent with the ratio's interval at `level` (bwopt.measure.uncertainty): the mean
     log throughput of every finished run of each, with each run's own interval and the run-to-run
     spread `pooled` where repeats measured it; and the machine's `drift` between blocks where it
     was measured (`drift_spread`): the two means draw on blocks in different shares, and each
@@ -326,10 +326,9 @@ def rounds_sentence(extra_rounds: int, level: float, extended: Sequence[int]) ->
     did = f" ({trials} did)" if extended else " (none needed one)"
     rounds = f"{extra_rounds} round{'' if extra_rounds == 1 else 's'}"
     return (
-        f"Rounds: a candidate undecided but leaning its way could run up to {rounds} more beside the "
-        f"incumbent{did}; every comparison with the incumbent took {level * 100:.1f} % per look (Pocock's level "
-        f"for {extra_rounds + 1} looks), so its looks together call noise a difference no more often than one "
-        "95 % comparison."
+        f"Rounds: a candidate undecided but leaning its way could run up to {rounds} more{did}; every "
+        f"comparison with the incumbent took {level * 100:.1f} % per look (Pocock's level for {extra_rounds + 1} "
+        "looks), so a candidate's looks together call noise a difference no more often than one 95 % comparison."
     )
 
 

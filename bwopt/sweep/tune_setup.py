@@ -41,10 +41,10 @@ class BwoptTunerConf:
             one run with repeats=1): its runs then span the tuning, and how their trial-to-trial
             means scatter beyond the repeats' spread measures the machine's drift, which enters
             every comparison.
-        extra_rounds: rounds more a candidate may run (its repeats around one more run of the
-            incumbent, again) while its comparison is undecided but leans its way; every
-            comparison then takes Pocock's per-look level for 1 + extra_rounds looks, so the
-            tuning as a whole errs no more often than one 95 % comparison (0 to 4).
+        extra_rounds: rounds more a candidate may run (its repeats again, with `rerun_incumbent`
+            around one more run of the incumbent) while its comparison is undecided but leans its
+            way; every comparison then takes Pocock's per-look level for 1 + extra_rounds looks,
+            so each candidate's looks together err no more often than one 95 % comparison (0 to 4).
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
         allow: opt-in changes that alter the math (precision, batch_size); none is proposed yet.
         memory_share: of the memory available at the start, what caches and prefetch may hold.

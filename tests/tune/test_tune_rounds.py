@@ -10,7 +10,7 @@ from typing import Dict, List
 import pytest
 
 from bwopt.measure.uncertainty import sequential_level
-from bwopt.sweep.tune_record import Trial, ratio_text, rounds_sentence
+from bwopt.sweep.tune_record import Trial, against, drift_spread, ratio_text, rounds_sentence, run_to_run_spread
 from bwopt.sweep.tune_setup import BwoptTunerConf, TuneConfigError
 from hydra_plugins.bwopt_tuner.bwopt_tuner import BwoptTuner
 
@@ -80,6 +80,35 @@ def test_a_gain_that_the_second_round_does_not_confirm_is_reverted_after_it(tmp_
     candidate = tuner.trials[1]
     assert len(tuner.launcher.launched) == 8 and len(candidate.repeats) == 4
     assert not candidate.kept and "no difference detected; reverted" in candidate.note
+
+
+def test_without_the_incumbent_run_again_a_second_round_stays_in_the_candidates_block(tmp_path):
+    # no incumbent run measures the drift, so two rounds of the candidate must not read as two blocks
+    script = {"start": START, "candidate": [*FIRST_ROUND, 1160.0, 1200.0]}
+    tuner = tune_with(tmp_path, script, rerun_incumbent=False)
+    start, candidate = tuner.trials
+    assert [who for who, _ in tuner.launcher.launched] == ["start", "start"] + ["candidate"] * 4
+    assert candidate.blocks == [1, 1, 1, 1] and start.blocks == [0, 0]
+    assert drift_spread(tuner.trials, run_to_run_spread(tuner.trials)) is None
+
+
+def test_the_drift_term_widens_with_the_looks_level_as_the_spread_does():
+    start = Trial(
+        0, "start", "…", {}, repeats=[(1000.0, None), (1040.0, None), (1100.0, None)], repeat_blocks=[0, 0, 1]
+    )
+    candidate = Trial(1, "prefetch", "…", {}, repeats=[(1150.0, None), (1210.0, None)], repeat_blocks=[1, 1])
+    pooled, drift = (0.03, 4), (0.05, 3)
+    for level in (0.95, sequential_level(2), sequential_level(5)):
+        with_drift, without = (
+            against(candidate, start, pooled, drift, level),
+            against(candidate, start, pooled, None, level),
+        )
+        assert with_drift.ratio == without.ratio and with_drift.ci95[0] < without.ci95[0]
+    once, twice = (
+        against(candidate, start, pooled, drift),
+        against(candidate, start, pooled, drift, sequential_level(2)),
+    )
+    assert twice.ci95[0] < once.ci95[0] < once.ci95[1] < twice.ci95[1] and twice.level > once.level == 0.95
 
 
 @pytest.mark.parametrize(
