@@ -46,8 +46,8 @@ from _common import (
     alternate,
     compose,
     configure_devices,
+    interval95,
     load_line,
-    median_interval,
     ratios,
     run_bwopt,
     spread,
@@ -170,7 +170,7 @@ def main() -> None:
 
 def comparison(per_round) -> str:
     """'faster', 'slower' or 'no difference detected', from the median ratio's interval against 1."""
-    low, high = median_interval(per_round)
+    low, high = interval95(per_round)
     return "faster" if low > 1 else "slower" if high < 1 else "no difference detected"
 
 
