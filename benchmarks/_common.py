@@ -94,21 +94,22 @@ def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> List[f
 
 def interval95(values: Sequence[float]) -> List[float]:
     """[low, high]: the 95 % interval of the typical value of `values` (rounds are independent):
-    Student's t on their logs (all positive: throughputs, ratios, seconds), else on the values,
-    so that with few rounds it is as wide as they scatter. A bootstrap of the median was used
+    Student's t on their logs (all positive: throughputs, ratios, seconds; bwopt's own
+    `log_estimate`, as a sweep compares repeats), else on the values, so that with few rounds it is
+    as wide as they scatter. A bootstrap of the median was used
     before: with 3-5 rounds it is their min-max, which holds the median only 75-94 % of the time
     (a tuning's start configuration once read x1.08, 95 % CI x1.03-x1.09, against itself)."""
-    import numpy as np
-    from scipy.stats import t as student_t
+    import math
 
-    data = np.asarray(values, dtype=np.float64)
-    if len(data) < 2:
-        return [float(data[0]), float(data[0])]
-    positive = bool(np.all(data > 0))
-    scale = np.log(data) if positive else data
-    half = float(student_t.ppf(0.975, len(data) - 1) * scale.std(ddof=1) / np.sqrt(len(data)))
-    low, high = float(scale.mean()) - half, float(scale.mean()) + half
-    return [float(np.exp(low)), float(np.exp(high))] if positive else [low, high]
+    from bwopt.measure.uncertainty import Z_95, log_estimate, t_quantile
+
+    if len(values) < 2:
+        return [float(values[0]), float(values[0])]
+    if all(value > 0 for value in values):
+        mean, error = log_estimate(values, [None] * len(values))  # error: t / 1.96 x the standard error
+        return [math.exp(mean - Z_95 * error), math.exp(mean + Z_95 * error)]
+    half = t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return [statistics.mean(values) - half, statistics.mean(values) + half]
 
 
 def spread(values: Sequence[float], fmt: str = ",.3f") -> str:

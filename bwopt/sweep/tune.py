@@ -279,6 +279,7 @@ class PipelineTuner(Sweeper):
         tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
         plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
         line = closing_line(start, final, self.launched, elapsed_s, pooled, drift)
+        rounds = rounds_sentence(self.settings.extra_rounds, self.level, sorted(set(self.extended)))
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
         markdown = "\n\n".join(
             [
@@ -287,7 +288,7 @@ class PipelineTuner(Sweeper):
                 table(self.trials),
                 f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
                 noise_sentence(self.settings.repeats, pooled, drift),
-                *filter(None, [rounds_sentence(self.settings.extra_rounds, self.level, sorted(set(self.extended)))]),
+                *([rounds] if rounds else []),
                 *([f"Not tried: {'; '.join(self.skipped)}"] if self.skipped else []),
             ]
         )
