@@ -19,14 +19,15 @@ Three sides, alternated round by round (in `_common.alternate`'s order):
   box, decode_and_crop_jpeg, flip, resize, uint8; AUTOTUNE) -> batch -> prefetch(AUTOTUNE)`,
   iterated in Python; wall clock around the same number of timed batches after the same warm-up.
 
-Printed: median examples/s of each side with its 95 % interval and min-max, and the medians of
-per-round ratios with theirs; beside them each side's CPU time per example (the process's CPU
-seconds, every thread, over the timed batches: bwopt's `cpu_s_per_example`, `time.process_time`
-around the hand-written loop) and the ratio hand-written / bwopt, which reads above 1 where
-bwopt's pipeline does the same work with less CPU. Both pipelines keep the 2 cores busy, so their
-throughput is the cores over the CPU per example; the CPU figure barely moves with the machine's
-speed from one second to the next, which swings single rounds' throughput ratios by ±40 % here.
-Target: bwopt fused / hand-written >= 0.98 (met, missed or within noise of it, by the median's
+Printed: each side's examples/s and the per-round ratios, as `_common.spread` gives them (the
+geometric mean with its 95 % interval, the median, min-max); beside them each side's CPU time per
+example (the process's CPU seconds, every thread, over the timed batches: bwopt's
+`cpu_s_per_example`, `time.process_time` around the hand-written loop) and the ratio
+hand-written / bwopt, which reads above 1 where bwopt's pipeline does the same work with less
+CPU. Both pipelines keep the 2 cores busy, so their throughput is the cores over the CPU per
+example; the CPU figure barely moves with the machine's speed from one second to the next, which
+swings single rounds' throughput ratios by ±40 % here.
+Target: bwopt fused / hand-written >= 0.98 (met, missed or within noise of it, by the ratio's
 interval). No target for fused / decode-then-crop: it is what the optimisation buys on these
 small JPEGs (faster, slower or no difference detected).
 
@@ -169,7 +170,7 @@ def main() -> None:
 
 
 def comparison(per_round) -> str:
-    """'faster', 'slower' or 'no difference detected', from the median ratio's interval against 1."""
+    """'faster', 'slower' or 'no difference detected', from the ratios' interval against 1."""
     low, high = interval95(per_round)
     return "faster" if low > 1 else "slower" if high < 1 else "no difference detected"
 

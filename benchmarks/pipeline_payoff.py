@@ -4,7 +4,8 @@ Every run is a real bwopt experiment: the real conf/ composed with Hydra's compo
 overrides, validated with `bwopt.app.validate`, run by `bwopt.modes.run` (tracking=none, no
 memcpy test, no progress bar, its printed summary swallowed), and read back from its Summary.
 Each comparison runs its sides alternated round by round (in `_common.alternate`'s order);
-every ratio printed is the median of the per-round ratios, with their min-max.
+every ratio printed is the geometric mean of the per-round ratios with its 95 % interval
+(`_common.spread`), then their median and min-max.
 
 (a) the input-bound preset, `experiment=pipelines` (conf/experiment/pipelines.yaml: 16,384
     synthetic uint8 32x32x3 images, 8 augmentation rounds per image on the host, MLP with one
@@ -145,7 +146,8 @@ def main() -> None:
 def print_header() -> None:
     lines = [
         "pipeline_payoff: bwopt runs (bwopt.modes.run, tracking=none) compared side by side,",
-        f"  {ROUNDS} alternated rounds; ratio = median of the per-round throughput ratios (min-max); {load_line()}",
+        f"  {ROUNDS} alternated rounds; ratio = geometric mean of the per-round throughput ratios "
+        f"(95 % CI; median, min-max); {load_line()}",
         "  (a) experiment=pipelines: pipeline=tuned (with measure.ceilings=true) vs pipeline=naive",
         "  (b) the preset's earlier workload (4 augment rounds, MLP 128, batch 128, 2,048 images): tuned vs naive",
         f"  (c) artificial, {ELEMENT_S * 1e3:g} ms/element, {COMPUTE_S * 1e3:g} ms/step, batch {ARTIFICIAL_BATCH}, "

@@ -26,6 +26,7 @@ SMOKE_SCRIPTS = {
     "startup_records.py": "ratio first/later",
     "jpeg_pipeline.py": "ratio bwopt mode=input / hand-written tf.data",
     "tune_payoff.py": "ratio tune throughput / min(ceilings)",
+    "machine_noise.py": "correlation shared pool / memcpy",
 }
 
 
@@ -70,3 +71,41 @@ def test_a_benchmarks_interval_holds_the_true_value_95_percent_of_the_time_even_
     # the same configuration read 1.03, 1.08 and 1.09 against itself: not a win
     assert verdict([1.03, 1.08, 1.09], 1.0) == "within noise of the target"
     assert verdict([3.47, 3.62, 3.68], 1.0) == "target met" and verdict([0.5], 1.0) == "target missed"
+
+
+def test_a_benchmarks_printed_figure_is_the_centre_of_its_interval_not_the_median():
+    """Ratios with a few slow outliers: the median lies outside the interval of the mean of the
+    logs; the printed figure is the geometric mean, inside it, and the median follows it."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from _common import interval95, spread, typical
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    values = [0.64] * 6 + [1.5] * 4
+    low, high = interval95(values)
+    assert not low <= 0.64 <= high and low <= typical(values) <= high
+    assert abs(typical(values) - (0.64**6 * 1.5**4) ** 0.1) < 1e-12 and typical([-1.0, 3.0]) == 1.0
+    said = f"{typical(values):.2f} (95 % CI {low:.2f}–{high:.2f}; median 0.64, min 0.64, max 1.50)"
+    assert spread(values, ".2f") == said
+
+
+def test_machine_noises_correlation_interval_holds_the_true_correlation_95_percent_of_the_time():
+    """Windows drawn with a known correlation (0.6, 40 windows, as machine_noise.py takes): its
+    Fisher interval covers it in ~95 % of draws; with no relation, ~5 % of draws call one."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from machine_noise import correlation
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    rng = np.random.default_rng(0)
+    covered = []
+    for _ in range(2000):
+        x, noise = rng.normal(size=(2, 40))
+        r, low, high = correlation(list(x), list(0.6 * x + 0.8 * noise))
+        covered.append(low <= 0.6 <= high)
+        assert low <= r <= high
+    assert 0.93 <= np.mean(covered) <= 0.97
+    called = [correlation(list(x), list(y))[1] > 0 for x, y in rng.normal(size=(2000, 2, 40))]
+    assert 0.01 <= np.mean(called) <= 0.045  # one side of a 95 % interval: 2.5 %
