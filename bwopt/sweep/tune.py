@@ -50,18 +50,11 @@ from bwopt.sweep.tune_plot import plot_path
 from bwopt.sweep.tune_record import (
     Trial,
     against,
-    closing_line,
     cores_used,
     drift_spread,
-    noise_sentence,
     pool_intervals,
-    ratio_text,
     read_repeats,
-    rounds_sentence,
     run_to_run_spread,
-    stage_table,
-    table,
-    write_tuned,
 )
 from bwopt.sweep.tune_setup import (
     BwoptTunerConf,
@@ -70,6 +63,15 @@ from bwopt.sweep.tune_setup import (
     run_probe,
     start_knobs,
     workload_overrides,
+)
+from bwopt.sweep.tune_text import (
+    closing_line,
+    noise_sentence,
+    ratio_text,
+    rounds_sentence,
+    stage_table,
+    table,
+    write_tuned,
 )
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ def test_the_path_plots_a_one_block_interval_a_rounding_step_above_its_throughpu
 
 
 def test_a_trial_is_measured_against_its_lowest_ceiling_the_cores_one_included():
-    from bwopt.sweep.tune_record import closing_line, table
+    from bwopt.sweep.tune_text import closing_line, table
 
     start = Trial(0, "start", "the workload as given", {}, 5000.0, [4900.0, 5100.0], 100_000.0, 6000.0, kept=True)
     shared = Trial(1, "vectorize", "…", {"pipeline.vectorized_map": "true"}, 22_000.0, [21_000.0, 23_000.0])
@@ -99,7 +99,8 @@ def test_a_within_run_win_that_repeats_scatter_is_not_called_faster():
 def test_a_trial_reads_every_repeat_and_leaves_out_one_that_did_not_finish(tmp_path):
     import json
 
-    from bwopt.sweep.tune_record import noise_sentence, pool_intervals, read_repeats
+    from bwopt.sweep.tune_record import pool_intervals, read_repeats
+    from bwopt.sweep.tune_text import noise_sentence
 
     def job(folder: str, throughput: float, ceiling: float):
         summary = {

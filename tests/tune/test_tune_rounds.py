@@ -10,8 +10,9 @@ from typing import Dict, List
 import pytest
 
 from bwopt.measure.uncertainty import sequential_level
-from bwopt.sweep.tune_record import Trial, against, drift_spread, ratio_text, rounds_sentence, run_to_run_spread
+from bwopt.sweep.tune_record import Trial, against, drift_spread, run_to_run_spread
 from bwopt.sweep.tune_setup import BwoptTunerConf, TuneConfigError
+from bwopt.sweep.tune_text import ratio_text, rounds_sentence
 from hydra_plugins.bwopt_tuner.bwopt_tuner import BwoptTuner
 
 

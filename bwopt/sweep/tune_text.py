@@ -1,0 +1,154 @@
+"""What `tune` writes in words: the table of the path, the sentences on its noise and rounds, the
+probe's stage table, the closing line and tuned.yaml, from the trials and comparisons of
+bwopt.sweep.tune_record. No TensorFlow.
+"""
+
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from bwopt.measure.uncertainty import Comparison
+from bwopt.sweep.tune_record import Trial, against
+
+TABLE_HEADER = (
+    "| trial | change | reason | throughput, examples/s (95 % CI) | × start | of min(ceilings) | kept "
+    "| runs (job folders) |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+def ratio_text(comparison: Comparison) -> str:
+    low, high = comparison.ci95
+    return f"×{comparison.ratio:.2f} ({comparison.interval_name} ×{low:.2f}–×{high:.2f})"
+
+
+def figure_text(trial: Trial) -> str:
+    if trial.failed:
+        return "failed"
+    interval = f" ({trial.ci95[0]:,.0f}–{trial.ci95[1]:,.0f})" if trial.ci95 else ""
+    return f"{trial.throughput:,.0f}{interval}"
+
+
+def table(trials: Sequence[Trial]) -> str:
+    """The path as Markdown: one row per trial."""
+    start = trials[0]
+    rows = [TABLE_HEADER]
+    for trial in trials:
+        ratio = "" if trial.failed or start.failed else f"×{against(trial, start).ratio:.2f}"
+        of_ceiling = f"{trial.of_ceiling:.2f} ({trial.ceiling_name})" if trial.of_ceiling else ""
+        changed = ", ".join(f"`{key}={value}`" for key, value in trial.overrides.items()) if trial.number else ""
+        change = f"{trial.change}: {changed}" if changed else trial.change
+        kept = "yes" if trial.kept else f"no: {trial.note}" if trial.note else "no"
+        runs = f"{len(trial.folders)} ({', '.join(folder.name for folder in trial.folders)})" if trial.folders else ""
+        reason = trial.reason.replace("|", "/")
+        cells = [str(trial.number), change, reason, figure_text(trial), ratio, of_ceiling, kept, runs]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], drift: Optional[Tuple[float, int]] = None) -> str:
+    """What the comparisons held: one run's noise, or the spread between a trial's repeats, and the
+    machine's drift between trials where incumbents ran again beside later candidates (`drift_spread`)."""
+    runs = "once" if repeats == 1 else f"{repeats} times"
+    ran = f"each trial ran {runs}" + (
+        ", and the incumbent once more beside each candidate" if drift else ", one after the other"
+    )
+    if drift:
+        measured = (
+            f"the machine's drift from one trial to the next, from how the incumbents' runs beside later "
+            f"candidates scatter: {drift[0] * 100:.1f} % ({freedom(drift[1])})"
+        )
+    else:
+        measured = ""
+    if pooled is None:
+        within = "each run's own interval (blocks of its timed steps), not the noise from one run to the next"
+        if drift:
+            return f"Noise: {ran}. Every comparison held {within}, and {measured}."
+        if repeats > 1:
+            return f"Noise: {ran}, but no trial finished two runs, so every comparison held {within}."
+        return (
+            f"Noise: {ran}, so every comparison held {within}; `hydra.sweeper.repeats=2` (the default) runs "
+            "each trial twice and pools the spread between repeats into every comparison."
+        )
+    spread = (
+        f"each run's interval and the spread between a trial's repeats, pooled over the trials: "
+        f"{pooled[0] * 100:.1f} % of throughput (standard deviation, {freedom(pooled[1])})"
+    )
+    if drift:
+        return f"Noise: {ran}. Every comparison held {spread}, and {measured}."
+    return (
+        f"Noise: {ran}. Every comparison held {spread}. Drift of the machine between one trial's runs and "
+        "the next trial's is not in it (`hydra.sweeper.rerun_incumbent=true` measures it)."
+    )
+
+
+def rounds_sentence(extra_rounds: int, level: float, extended: Sequence[int]) -> str:
+    """What the extra rounds did and the level every comparison with the incumbent took for them."""
+    if not extra_rounds:
+        return ""
+    trials = f"trial{'s' if len(extended) > 1 else ''} {', '.join(map(str, extended))}"
+    did = f" ({trials} did)" if extended else " (none needed one)"
+    rounds = f"{extra_rounds} round{'' if extra_rounds == 1 else 's'}"
+    return (
+        f"Rounds: a candidate undecided but leaning its way could run up to {rounds} more{did}; every "
+        f"comparison with the incumbent took {level * 100:.1f} % per look (Pocock's level for {extra_rounds + 1} "
+        "looks), so a candidate's looks together call noise a difference no more often than one 95 % comparison."
+    )
+
+
+def freedom(degrees: int) -> str:
+    return f"{degrees} degree{'' if degrees == 1 else 's'} of freedom"
+
+
+def stage_table(picture: dict) -> str:
+    """The probe's per-stage picture of the start as Markdown: what each stage costs per batch."""
+    rows = [
+        "| stage | kind | ms per batch (one core) | parallel | random | bytes per example out |",
+        "|---|---|---|---|---|---|",
+    ]
+    for stage in picture["stages"]:
+        cells = [
+            stage["name"],
+            stage["kind"],
+            f"{stage['cost_per_batch_s'] * 1e3:,.2f}" + (" (waits)" if stage.get("io_bound") else ""),
+            "yes" if stage.get("parallel") else "no",
+            "yes" if stage.get("random") else "no",
+            f"{stage.get('output_bytes_per_example', 0):,.0f}",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def closing_line(
+    start: Trial,
+    final: Trial,
+    num_runs: int,
+    elapsed_s: float,
+    pooled: Optional[Tuple[float, int]] = None,
+    drift: Optional[Tuple[float, int]] = None,
+) -> str:
+    """'tuned: ×3.1 over the start (95 % CI ×2.8–×3.4), 0.93 of the input ceiling, 4 runs, 2 min'."""
+    minutes = f"{elapsed_s / 60:.0f} min" if elapsed_s >= 90 else f"{elapsed_s:.0f} s"
+    if start.failed or final.failed:
+        return f"tuned: nothing measured to compare, {num_runs} runs, {minutes}"
+    if final is start:
+        gain = "no change beat the start beyond the noise"
+    else:
+        comparison = against(final, start, pooled, drift)
+        low, high = comparison.ci95
+        gain = f"×{comparison.ratio:.1f} over the start (95 % CI ×{low:.1f}–×{high:.1f})"
+    ceiling = f", {final.of_ceiling:.2f} of the {final.ceiling_name}" if final.of_ceiling else ""
+    return f"tuned: {gain}{ceiling}, {num_runs} runs, {minutes}"
+
+
+def tuned_overrides(base: Sequence[str], overrides: Dict[str, str]) -> List[str]:
+    """The workload's overrides (without tune's own) followed by what tune kept."""
+    kept_keys = set(overrides)
+    workload = [item for item in base if item.split("=", 1)[0].lstrip("+~") not in kept_keys]
+    return [*workload, *(f"{key}={value}" for key, value in overrides.items())]
+
+
+def write_tuned(path: Path, base: Sequence[str], overrides: Dict[str, str]) -> Path:
+    """tuned.yaml: one override per line, no comments, so `python -m bwopt $(cat tuned.yaml)` runs it
+    (and YAML reads it as one string of them)."""
+    path.write_text("\n".join(tuned_overrides(base, overrides)) + "\n")
+    return path
