@@ -115,7 +115,7 @@ def interval95(values: Sequence[float]) -> List[float]:
 def typical(values: Sequence[float]) -> float:
     """The value `interval95` is drawn around: the geometric mean of positive values, else the mean.
     Printed as the point estimate: beside an interval of the mean of the logs, the median can lie
-    outside it (windows with slow outliers read median 0.642, 95 % CI 0.648-0.745)."""
+    outside it (per-round ratios with a few slow rounds read median 0.642, 95 % CI 0.648-0.745)."""
     import math
 
     if all(value > 0 for value in values):

@@ -10,8 +10,8 @@ same Python interpreter as this script:
 
 Each is timed as the wall clock around `subprocess.run` (interpreter start, imports, Hydra's
 composition, the answer, exit), alternated with the other for `REPEATS` rounds after one
-untimed run each (a cold disk cache is not what is measured). Printed: median and min-max per
-command; target < 1.5 s each (on the median).
+untimed run each (a cold disk cache is not what is measured). Printed per command: `_common.spread`
+(geometric mean, 95 % interval, median, min-max); target < 1.5 s each (on the interval).
 
 Run: `.venv/bin/python benchmarks/cli_latency.py` (about 20 s on 2 cores);
 `BWOPT_BENCHMARK_SMOKE=1` times each once (the smoke test).

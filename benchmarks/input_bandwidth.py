@@ -12,9 +12,9 @@ which fills the cache) are warm-up.
 The dtypes alternate in rounds (in `_common.alternate`'s order). Printed per dtype: the
 input throughput in bytes/s as transferred (features in the transfer dtype plus the int32
 label) and examples/s, and the per-round ratio of those bytes/s to the host memcpy bandwidth
-of the same run (median, min-max). No target: the figure says how far a pipeline is from the
-bus it feeds (a wider dtype moves more bytes per example; whether it moves them as fast is
-what the ratio shows).
+of the same run (`_common.spread`: geometric mean, 95 % interval, median, min-max). No
+target: the figure says how far a pipeline is from the bus it feeds (a wider dtype moves more
+bytes per example; whether it moves them as fast is what the ratio shows).
 
 Run: `.venv/bin/python benchmarks/input_bandwidth.py` (about 60 s on 2 cores);
 `BWOPT_BENCHMARK_SMOKE=1` runs one short round (the smoke test).

@@ -10,7 +10,8 @@ digits, batch 64, pipeline=default), `train.epochs` x `train.steps_per_epoch` st
 
 Before the rounds, one untimed run with tracking on creates the store (schema migrations, first
 MLflow imports). The sides then alternate in rounds (in `_common.alternate`'s order).
-Printed: each side's throughput of its timed steps as the run reports it (median, min-max), the
+Printed: each side's throughput of its timed steps as the run reports it (`_common.spread`: geometric
+mean, 95 % interval, median, min-max), the
 per-round ratio on / off (target >= 0.99), and, for information, the wall time of the whole
 `run(...)` call (tracking adds its set-up and the final logging there, outside the timed steps).
 

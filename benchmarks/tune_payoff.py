@@ -15,8 +15,8 @@
      tf.data's autotuner on, nothing else changed;
    - pipeline=tuned: the preset of every classic optimisation;
    - search: the search's best (with --search).
-   Printed: each side's throughput, tune's per-round ratio to each other side (median, 95 %
-   interval of the median, min-max) against its target, tune's throughput ÷ min(ceilings) (the
+   Printed: each side's throughput, tune's per-round ratio to each other side (`_common.spread`:
+   geometric mean, its 95 % interval, median, min-max) against its target, tune's throughput ÷ min(ceilings) (the
    compute, input and cores ceilings, as tune's table reads it; also ÷ min(compute, input), the
    run's efficiency), and each side's throughput ÷ its cores ceiling (what the step and the
    pipeline reach together on the cores they share).

@@ -18,8 +18,9 @@ built by `bwopt.pipeline.build_dataset` with the default pipeline config:
 N takes 1, 8 and 32 on both sides. Each measurement is the wall clock around one whole call,
 `train(...)` or `fit(...)`, of S steps (a multiple of 32), each from a fresh iterator over its
 dataset. Before the rounds every side gets one warm-up call (tracing, autotuning); then the six
-sides alternate in rounds (in `_common.alternate`'s order). Printed: each side's median
-examples/s (min-max), fit's best N (highest median), and the per-round ratios bwopt N / fit N
+sides alternate in rounds (in `_common.alternate`'s order). Printed: each side's
+examples/s (`_common.spread`: geometric mean, 95 % interval, median, min-max), fit's best N
+(highest median), and the per-round ratios bwopt N / fit N
 at that N (the comparison that matters: target >= 1.0), and at every other N.
 
 With Keras 3 on the TensorFlow backend fit reads its logs on the host after every execution,

@@ -31,9 +31,9 @@ on every side alike, over `--rounds` rounds:
 - `plain loop, plain pipeline`: that loop over `from_tensor_slices -> shuffle(1024) ->
   batch -> prefetch(AUTOTUNE)`: the pipeline alone compared, loop held fixed.
 
-Printed, per workload: median examples/s of each and the median of per-round ratios, each with
-the median's 95 % bootstrap interval and min-max; a target is met only when the interval clears
-it. Targets: bwopt / plain loop, same figures >= 0.98 (the observer costs at most 2 %; the same
+Printed, per workload: examples/s of each and the per-round ratios as `_common.spread` gives
+them (geometric mean, its 95 % interval, median, min-max); a target is met only when the interval
+clears it. Targets: bwopt / plain loop, same figures >= 0.98 (the observer costs at most 2 %; the same
 figures, since a loop that reports training accuracy computes it); bwopt / plain loop (loss
 only) printed beside it; plain loop over bwopt's pipeline / over the plain one >= 1.0.
 
