@@ -21,6 +21,7 @@ imports it as `_common` (the script's own folder is first on sys.path when it is
 
 import contextlib
 import io
+import math
 import os
 import random
 import statistics
@@ -99,8 +100,6 @@ def interval95(values: Sequence[float]) -> List[float]:
     as wide as they scatter. A bootstrap of the median was used
     before: with 3-5 rounds it is their min-max, which holds the median only 75-94 % of the time
     (a tuning's start configuration once read x1.08, 95 % CI x1.03-x1.09, against itself)."""
-    import math
-
     from bwopt.measure.uncertainty import Z_95, log_estimate, t_quantile
 
     if len(values) < 2:
@@ -116,8 +115,6 @@ def typical(values: Sequence[float]) -> float:
     """The value `interval95` is drawn around: the geometric mean of positive values, else the mean.
     Printed as the point estimate: beside an interval of the mean of the logs, the median can lie
     outside it (per-round ratios with a few slow rounds read median 0.642, 95 % CI 0.648-0.745)."""
-    import math
-
     if all(value > 0 for value in values):
         return math.exp(statistics.mean(math.log(value) for value in values))
     return statistics.mean(values)

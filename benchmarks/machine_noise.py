@@ -45,6 +45,7 @@ pipeline windows, about 8 min); `BWOPT_BENCHMARK_SMOKE=1` runs three short round
 
 import argparse
 import math
+import os
 import random
 import statistics
 import time
@@ -114,8 +115,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of windows")
     parser.add_argument("--window", type=float, default=WINDOW_S, help="seconds per pipeline window")
     args = parser.parse_args()
-    import os
-
     import numpy as np
 
     cores = len(os.sched_getaffinity(0))
