@@ -141,9 +141,9 @@ class ImagesData(DataConfig):
 
 @dataclass
 class SampleImagesData(DataConfig):
-    """A real JPEG folder that bwopt makes once, without download, from scikit-learn's two sample
-    photographs: random crops and scales, rotated by 0, 90, 180 or 270 degrees, the rotation being
-    the class (4 classes). Read like data=images."""
+    """A real JPEG folder that bwopt makes once, without download, from one of scikit-learn's sample
+    photographs (china.jpg): random crops and scales, turned upright, upside down or sideways (a
+    quarter turn either way), the orientation being the class (3 classes). Read like data=images."""
 
     name: str = "sample_images"
     num_images: int = 1000
