@@ -55,13 +55,13 @@ def rank(measured: Measured) -> Ranking:
     runner_up = ties[0] if ties else order[1]
     lead = compare(estimates[leader], estimates[runner_up])
     if not ties:
-        sentence = f"Best: {leader}, {_interval(lead)} the runner-up {runner_up}: faster beyond the noise."
+        sentence = f"Best: {leader}, {_interval(lead)} against the runner-up {runner_up}: faster beyond the noise."
         return Ranking(order, against, leader, sentence)
     repeats = min(len(measured[name][0]) for name in (leader, runner_up))
     needed = repeats_to_resolve(lead, repeats)
     more = f"; about {needed} repeats per setting would resolve a difference this size" if needed else ""
     sentence = (
-        f"No best: {leader} and {', '.join(ties)} tie ({leader} vs {runner_up} {_interval(lead)}, "
+        f"No best: {leader} and {', '.join(ties)} tie ({leader} vs {runner_up}: {_interval(lead)}, "
         f"no difference detected){more} (hydra.launcher.repeats)."
     )
     return Ranking(order, against, None, sentence)
@@ -69,4 +69,4 @@ def rank(measured: Measured) -> Ranking:
 
 def _interval(comparison: Comparison) -> str:
     low, high = comparison.ci95
-    return f"×{comparison.ratio:.2f} (95 % CI ×{low:.2f}–×{high:.2f}) against"
+    return f"×{comparison.ratio:.2f} (95 % CI ×{low:.2f}–×{high:.2f})"

@@ -27,7 +27,11 @@ def test_settings_inside_the_noise_tie_and_the_sentence_says_how_many_repeats_wo
     assert ranking.best is None
     assert ranking.against_leader["pipeline.prefetch=2"].word == "no difference detected"
     assert ranking.against_leader["pipeline.prefetch=0"].word == "slower"
-    assert ranking.sentence.startswith("No best: pipeline.prefetch=autotune and pipeline.prefetch=2 tie")
+    assert ranking.sentence.startswith(
+        "No best: pipeline.prefetch=autotune and pipeline.prefetch=2 tie "
+        "(pipeline.prefetch=autotune vs pipeline.prefetch=2: ×"
+    )
+    assert "), no difference detected)" in ranking.sentence
     assert "repeats per setting would resolve" in ranking.sentence
 
 
