@@ -14,7 +14,7 @@ import hydra
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from bwopt.cluster import ClusterEnvironmentError, ClusterError, PeerLost
 from bwopt.data.records import DataError
@@ -40,6 +40,10 @@ def validate(cfg: DictConfig) -> Config:
     """Turn a composed config into typed objects, running every value check."""
     try:
         config = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as error:
+        key = error.full_key
+        message = f"{key} is not set and has no default: give it, e.g. {key}=VALUE" if key else str(error)
+        raise ConfigError(message) from error
     except OmegaConfBaseException as error:  # OmegaConf's own errors carry the full key
         raise ConfigError(str(error)) from error
     check_known_and_finite(config)

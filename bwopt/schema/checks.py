@@ -35,7 +35,8 @@ def check_int_or_autotune(key: str, value: Any, minimum: int) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{key}={value!r} has the wrong type; expected an integer >= {minimum} or '{AUTOTUNE}'")
-    check_at_least(key, value, minimum)
+    if value < minimum:
+        raise ConfigError(f"{key}={value!r} is out of range; expected an integer >= {minimum} or '{AUTOTUNE}'")
 
 
 def check_known_and_finite(node: Any, path: str = "") -> None:
