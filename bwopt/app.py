@@ -133,8 +133,32 @@ def _unavailable_errors() -> tuple:
 UNAVAILABLE = _unavailable_errors()
 
 
+def selectable_groups() -> str:
+    """One line per config group a user picks from, `group: option, option`: the list `--help`
+    prints (hydra.help.template in conf/config.yaml). Hydra's own list would add the schema
+    groups, which are not choices."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    if not GlobalHydra.instance().is_initialized():
+        return ""
+    loader = GlobalHydra.instance().config_loader()
+
+    def groups(parent: str = ""):
+        for name in loader.list_groups(parent):
+            group = f"{parent}/{name}" if parent else name
+            if group in ("hydra", "schema"):
+                continue
+            if loader.get_group_options(group, ObjectType.CONFIG):
+                yield group
+            yield from groups(group)
+
+    return "\n".join(f"{group}: {', '.join(sorted(loader.get_group_options(group)))}" for group in sorted(groups()))
+
+
 register_configs()
 register_plugins()  # before Hydra composes: its scan misses them in a default editable install
+OmegaConf.register_new_resolver("bwopt_groups", selectable_groups, replace=True)
 hydra_main = hydra.main(config_path=config_dir(), config_name="config", version_base="1.3")(run_job)
 
 

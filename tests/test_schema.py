@@ -148,7 +148,14 @@ def test_validation_and_help_do_not_import_tensorflow(tmp_path):
     )
     result = run_bwopt("--help", cwd=tmp_path, timeout=60)
     assert result.returncode == 0
-    assert "pipeline: default, naive, tuned" in result.stdout
+    assert result.stdout.startswith("bwopt: measure and optimize")
+    # Every group of conf/ with its options, and nothing of the schema's (not a choice).
+    conf = Path(config_dir())
+    for folder in sorted(path for path in conf.rglob("*") if path.is_dir() and "hydra" not in path.parts):
+        options = sorted(path.stem for path in folder.glob("*.yaml"))
+        if options:
+            assert f"\n{folder.relative_to(conf).as_posix()}: {', '.join(options)}\n" in result.stdout
+    assert "pipeline: default, naive, tuned" in result.stdout and "schema/" not in result.stdout
 
 
 def test_every_choice_list_and_its_builder_table_agree():
