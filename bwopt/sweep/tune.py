@@ -242,16 +242,18 @@ class PipelineTuner(Sweeper):
 
     def _settle(self, base: List[str], candidate: Trial, incumbent: Trial, start: Trial) -> None:
         """Judge the candidate's round; while undecided but leaning its way, up to `extra_rounds` rounds more."""
-        looks = 1
-        while self._judge(candidate, incumbent, start) and looks <= self.settings.extra_rounds:
-            log.info(f"tune trial {candidate.number}: undecided, leaning its way: one more round")
+        for look in range(1, self.settings.extra_rounds + 2):
+            last = look > self.settings.extra_rounds
+            if not self._judge(candidate, incumbent, start, last) or last:
+                return
+            log.info(f"tune trial {candidate.number}: leaning its way: one more round")
             self.extended.append(candidate.number)
             self._round(base, candidate, incumbent)
-            looks += 1
 
-    def _judge(self, candidate: Trial, incumbent: Trial, start: Trial) -> bool:
+    def _judge(self, candidate: Trial, incumbent: Trial, start: Trial, last: bool) -> bool:
         """Keep the candidate only when it is faster beyond the noise and learned as well as the start;
-        True when the comparison is undecided but leans the candidate's way (another round may tell)."""
+        True when the comparison is undecided but leans the candidate's way (another round may tell).
+        `last`: no round follows this look, so an undecided candidate is logged as not kept."""
         if candidate.failed:
             candidate.note = "the run failed; reverted"
             return False
@@ -269,9 +271,10 @@ class PipelineTuner(Sweeper):
         elif comparison.word != "faster":
             candidate.note = f"{ratio_text(comparison)} the incumbent, {comparison.word}; reverted"
         candidate.kept = not worse and comparison.word == "faster"
-        verdict = "kept" if candidate.kept else "not kept"
+        leaning = not worse and comparison.word == "no difference detected" and comparison.ratio > 1
+        verdict = "kept" if candidate.kept else "undecided" if leaning and not last else "not kept"
         log.info(f"tune trial {candidate.number}: {ratio_text(comparison)} the incumbent, {comparison.word}: {verdict}")
-        return not worse and comparison.word == "no difference detected" and comparison.ratio > 1
+        return leaning
 
     def _finish(self, base: List[str], final: Trial, stop: str, elapsed_s: float) -> Dict[str, Any]:
         start = self.trials[0]

@@ -4,6 +4,7 @@ launcher that hands back throughputs chosen in advance (the rounds' decisions ar
 real trials cannot be made to land undecided on purpose), read by tune's own code."""
 
 import json
+import logging
 from pathlib import Path
 from typing import Dict, List
 
@@ -76,11 +77,17 @@ def test_an_undecided_gain_runs_one_more_round_and_is_kept_when_the_round_resolv
     assert rounds_sentence(0, 0.95, []) == "" and "(none needed one)" in rounds_sentence(2, 0.98, [])
 
 
-def test_a_gain_that_the_second_round_does_not_confirm_is_reverted_after_it(tmp_path):
+def test_a_gain_that_the_second_round_does_not_confirm_is_reverted_after_it(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="bwopt.sweep.tune")
     tuner = tune_with(tmp_path, {"start": [*START, 1020.0, 1090.0], "candidate": [*FIRST_ROUND, 1060.0, 1100.0]})
     candidate = tuner.trials[1]
     assert len(tuner.launcher.launched) == 8 and len(candidate.repeats) == 4
     assert not candidate.kept and "no difference detected; reverted" in candidate.note
+    # the first look, with a round to follow, says undecided; only the last says not kept
+    said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("tune trial 1:")]
+    assert said[0].endswith("no difference detected: undecided"), said
+    assert said[1] == "tune trial 1: leaning its way: one more round"
+    assert said[2].endswith("no difference detected: not kept") and len(said) == 3, said
 
 
 def test_without_the_incumbent_run_again_a_second_round_stays_in_the_candidates_block(tmp_path):
