@@ -117,6 +117,12 @@ def test_the_step_reads_as_a_partition_that_adds_up_with_its_intervals():
         "compute 40.0 % (38–43) + input stall 50.0 % (47–52) + host overhead 10.0 % (9–11) = 100 % of step time"
     )
     assert rows["verdict"] == "highly input-bound"
+    narrow = {"compute": [0.9770, 0.9812], "input_stall": [0.0150, 0.0190], "host_overhead": [0.003, 0.005]}
+    figures["step_partition"] = {"compute": 0.979, "input_stall": 0.017, "host_overhead": 0.004, "other": 0.0}
+    figures["step_partition_ci95"] = narrow
+    assert dict(figure_rows(figures))["step"] == (
+        "compute 97.9 % (97.7–98.1) + input stall 1.7 % (1.5–1.9) + host overhead 0.4 % (0.3–0.5) = 100 % of step time"
+    )
 
 
 def test_a_long_value_wraps_under_its_column():
