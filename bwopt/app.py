@@ -134,26 +134,23 @@ UNAVAILABLE = _unavailable_errors()
 
 
 def selectable_groups() -> str:
-    """One line per config group a user picks from, `group: option, option`: the list `--help`
+    """One line per config group a user picks from, `group: option, option`, an option in a
+    subfolder named as it is chosen (`tracking: mlflow, none, server/mlflow`): the list `--help`
     prints (hydra.help.template in conf/config.yaml). Hydra's own list would add the schema
-    groups, which are not choices."""
+    groups, which are not choices, and show a subfolder as a group of its own."""
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.object_type import ObjectType
 
     if not GlobalHydra.instance().is_initialized():
         return ""
     loader = GlobalHydra.instance().config_loader()
 
-    def groups(parent: str = ""):
-        for name in loader.list_groups(parent):
-            group = f"{parent}/{name}" if parent else name
-            if group in ("hydra", "schema"):
-                continue
-            if loader.get_group_options(group, ObjectType.CONFIG):
-                yield group
-            yield from groups(group)
+    def options(group: str, prefix: str = ""):
+        yield from (prefix + name for name in loader.get_group_options(group))
+        for name in loader.list_groups(group):
+            yield from options(f"{group}/{name}", f"{prefix}{name}/")
 
-    return "\n".join(f"{group}: {', '.join(sorted(loader.get_group_options(group)))}" for group in sorted(groups()))
+    groups = sorted(name for name in loader.list_groups("") if name not in ("hydra", "schema"))
+    return "\n".join(f"{group}: {', '.join(sorted(options(group)))}" for group in groups)
 
 
 register_configs()

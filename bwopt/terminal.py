@@ -171,8 +171,8 @@ def _step_partition(f) -> str:
         if share < 0.0005 and part != "compute":
             continue
         low, high = intervals.get(part, (None, None))
-        # whole points, unless the interval is narrower than two: then a tenth, so its ends differ
-        digits = 0 if low is None or (high - low) * 100 >= 2 else 1
+        # whole points, unless the interval is narrower than two: then a tenth
+        digits = 0 if low is None or round((high - low) * 100, 6) >= 2 else 1
         bounds = f" ({low * 100:.{digits}f}–{high * 100:.{digits}f})" if low is not None else ""
         shown.append(f"{names[part]} {share * 100:.1f} %{bounds}")
     return " + ".join(shown) + f" = {sum(partition.values()) * 100:.0f} % of step time"
