@@ -20,9 +20,10 @@ def check_choice(key: str, value: Any, allowed) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed; expected one of: {', '.join(map(str, allowed))}")
 
 
-def check_at_least(key: str, value, minimum) -> None:
+def check_at_least(key: str, value, minimum, expected: str = "") -> None:
+    """`expected`: what the key takes, where more than a number (default 'a value >= minimum')."""
     if value < minimum:
-        raise ConfigError(f"{key}={value!r} is out of range; expected a value >= {minimum}")
+        raise ConfigError(f"{key}={value!r} is out of range; expected {expected or f'a value >= {minimum}'}")
 
 
 def check_fraction(key: str, value: float, low_open: bool = True) -> None:
@@ -33,10 +34,10 @@ def check_fraction(key: str, value: float, low_open: bool = True) -> None:
 def check_int_or_autotune(key: str, value: Any, minimum: int) -> None:
     if value == AUTOTUNE:
         return
+    expected = f"an integer >= {minimum} or '{AUTOTUNE}'"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key}={value!r} has the wrong type; expected an integer >= {minimum} or '{AUTOTUNE}'")
-    if value < minimum:
-        raise ConfigError(f"{key}={value!r} is out of range; expected an integer >= {minimum} or '{AUTOTUNE}'")
+        raise ConfigError(f"{key}={value!r} has the wrong type; expected {expected}")
+    check_at_least(key, value, minimum, expected)
 
 
 def check_known_and_finite(node: Any, path: str = "") -> None:
