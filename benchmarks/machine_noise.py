@@ -16,6 +16,14 @@ cores; 1), and takes turns, round after round, between
   memory bandwidth, as bwopt's `host memcpy` line measures it), and `compute`: a 256x256 float64
   matrix product, products/s (arithmetic in the cache).
 
+Measured after the pipeline, the references cannot see what the machine did during its window, so
+a canary thread (`Canary`) times, every 0.1 s while the pipelines run, a fixed pure-Python loop by
+its own CPU time (the core's speed) and four additions over a 2 MiB array (the caches' speed).
+Then, unless `--series 0`, the shared pool runs without pauses in 0.5 s windows for `--series`
+seconds (360): how much of the time its slow episodes take, how long they last, and how the rate
+of blocks as long as a run's timed window scatters (3 s, `measure.min_timed_s`'s default; 15, 30,
+60 s): how long runs must be for the episodes to average out.
+
 Printed per pipeline: the median rate, its window-to-window spread (standard deviation over the
 mean), the windows slower than 0.6 of its median ("slow episodes"), the median and largest CPU
 per example, the cores it kept busy (rate x CPU per example); the ratio of each private pool to
@@ -39,8 +47,19 @@ holding 0. Two earlier runs, without the pause before each pipeline window, read
 run does not repeat). So the slow episodes are the pipeline's own when its work is spread over
 both cores, not the machine's memory or arithmetic slowing down.
 
-Run: `.venv/bin/python benchmarks/machine_noise.py [--rounds N] [--window S]` (40 rounds of 1.5 s
-pipeline windows, about 8 min); `BWOPT_BENCHMARK_SMOKE=1` runs three short rounds (the smoke test).
+With the canary (2026-12-05, 40 rounds, load 1.7): the shared pool's windows scattered by 32.6 %,
+11 of 40 slow (CPU per example up to 2.6x its median, the pool's threads as busy as in the fast
+windows); the canary's loop took 0.729 CPU-ms in those windows and 0.730 in the others (r = -0.03,
+-0.34 to 0.29), its additions ran faster in them (0.183 against 0.212 ms: the slowed pipeline
+leaves the caches to it). The core and the caches kept their speed: the episodes are TensorFlow's
+work taking two to three times the CPU time, not a slower machine. Without pauses (720 windows of
+0.5 s), 20 % of the time went in 17 slow episodes of 0.5-18.5 s (median 2.5), and blocks of 3 s
+scattered by 24.5 % (the slowest 0.42 of their median), of 15 s by 18.5 %, of 30 s by 16.3 %, of
+60 s by 9.7 %: to halve the run-to-run spread, a run's timed window must grow twentyfold.
+
+Run: `.venv/bin/python benchmarks/machine_noise.py [--rounds N] [--window S] [--series S]` (40 rounds
+of 1.5 s pipeline windows and a 360 s series, about 14 min); `BWOPT_BENCHMARK_SMOKE=1` runs three
+short rounds and a 3 s series (the smoke test).
 """
 
 import argparse
@@ -48,6 +67,7 @@ import math
 import os
 import random
 import statistics
+import threading
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -56,7 +76,11 @@ from _common import QUIET, SMOKE, compose, configure_devices, load_line, spread
 ROUNDS = 3 if SMOKE else 40
 WINDOW_S = 0.2 if SMOKE else 1.5
 SETTLE_S = 0.05 if SMOKE else 1.0
+SERIES_S = 3.0 if SMOKE else 360.0
+SERIES_WINDOW_S = 0.5
+SERIES_BLOCKS_S = (3, 15, 30, 60)  # a run's timed window: 3 s is measure.min_timed_s's default
 SLOW = 0.6  # a window below this share of its pipeline's median rate is a slow episode
+CANARY_EVERY_S = 0.1
 WORKLOAD = [
     *QUIET,
     "experiment=pipelines",
@@ -76,6 +100,47 @@ def window(call: Callable[[], object], seconds: float) -> Tuple[float, float]:
         call()
         calls += 1
     return calls / (time.perf_counter() - started), (time.process_time() - cpu_started) / calls
+
+
+class Canary:
+    """A thread that, every 0.1 s while the pipeline runs, times two fixed pieces of work: a
+    pure-Python loop by its own thread's CPU time (the core's speed: neither waiting for a core nor
+    the GIL counts) and four additions over a 2 MiB NumPy array by the clock (the caches' speed).
+    If the pipeline's slow windows came from the machine (a slower core, caches or memory taken by
+    other tenants), these would slow with them; it costs the pipeline about 1 % of a core."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.cache = np.ones(2 * 2**20 // 8)
+        self.samples: List[Tuple[float, float, float]] = []  # (time, loop CPU-ms, additions ms)
+        self.running = True
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
+
+    def sample(self) -> None:
+        import numpy as np
+
+        while self.running:
+            cpu_started = time.thread_time()
+            total = 0
+            for number in range(30_000):
+                total += number
+            loop_ms = (time.thread_time() - cpu_started) * 1e3
+            started = time.perf_counter()
+            for _ in range(4):
+                np.add(self.cache, 1.0, out=self.cache)
+            self.samples.append((time.perf_counter(), loop_ms, (time.perf_counter() - started) * 1e3))
+            time.sleep(CANARY_EVERY_S)
+
+    def during(self, start: float, end: float) -> Tuple[float, float]:
+        """(median loop CPU-ms, median additions ms) of the samples taken between `start` and `end`."""
+        inside = [(loop, cache) for at, loop, cache in self.samples if start <= at <= end] or self.samples[-1:]
+        return statistics.median(x for x, _ in inside), statistics.median(y for _, y in inside)
+
+    def stop(self) -> None:
+        self.running = False
+        self.thread.join()
 
 
 def correlation(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, float]:
@@ -114,6 +179,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of windows")
     parser.add_argument("--window", type=float, default=WINDOW_S, help="seconds per pipeline window")
+    parser.add_argument(
+        "--series", type=float, default=SERIES_S, help="seconds of the shared pool without pauses (0: none)"
+    )
     args = parser.parse_args()
     import numpy as np
 
@@ -128,6 +196,8 @@ def main() -> None:
     matrix = np.random.default_rng(0).random((256, 256))
     rates: Dict[str, List[float]] = {name: [] for name in sides}
     cpu_ms: Dict[str, List[float]] = {name: [] for name in sides}
+    during: Dict[str, List[Tuple[float, float]]] = {name: [] for name in sides}
+    canary = Canary()
     references: Dict[str, List[float]] = {"memcpy": [], "compute": []}
     order, started = random.Random(0), time.perf_counter()
     for _ in range(args.rounds):
@@ -136,12 +206,15 @@ def main() -> None:
         for name in names:
             batches, batch_size = sides[name]
             time.sleep(SETTLE_S)  # the pipeline before it goes idle
+            window_started = time.perf_counter()
             per_s, cpu_s = window(lambda: next(batches), args.window)
             rates[name].append(per_s * batch_size)
             cpu_ms[name].append(cpu_s * 1e3 / batch_size)
+            during[name].append(canary.during(window_started, time.perf_counter()))
         time.sleep(SETTLE_S)
         references["memcpy"].append(window(lambda: np.copyto(target, source), args.window)[0] * COPY_BYTES / 1e9)
         references["compute"].append(window(lambda: matrix @ matrix, args.window)[0])
+    canary.stop()
     print(f"{args.rounds} rounds, {time.perf_counter() - started:.0f} s")
     for name, values in rates.items():
         median = statistics.median(values)
@@ -166,6 +239,60 @@ def main() -> None:
             r, low, high = correlation(xs, ys)
             said = "the pipeline slows with it" if low > 0 else "no relation detected" if high > 0 else "opposed"
             print(f"correlation shared pool / {name}{what}: r = {r:.2f} (95 % CI {low:.2f} to {high:.2f})  {said}")
+    print_canary(rates["shared pool"], during["shared pool"])
+    if args.series > 0:
+        print_series(sides["shared pool"], args.series)
+
+
+def print_canary(rates: Sequence[float], during: Sequence[Tuple[float, float]]) -> None:
+    """The core's and the caches' speed during the shared pool's windows (the canary's medians),
+    in its slow windows against the others, and the correlation with its rate."""
+    median = statistics.median(rates)
+    for index, what in ((0, "core (loop CPU-ms)"), (1, "caches (additions ms)")):
+        slow = [times[index] for rate, times in zip(rates, during) if rate < SLOW * median]
+        others = [times[index] for rate, times in zip(rates, during) if rate >= SLOW * median]
+        speeds = [1 / times[index] for times in during]
+        r, low, high = correlation(rates, speeds) if len(set(speeds)) > 1 else (0.0, -1.0, 1.0)
+        said = "the pipeline slows with it" if low > 0 else "no relation detected" if high > 0 else "opposed"
+        slow_text = f"{statistics.median(slow):.3f} in its {len(slow)} slow windows" if slow else "no slow window"
+        print(
+            f"canary {what} during the shared pool's windows: median {statistics.median(others):.3f} in the others, "
+            f"{slow_text}; correlation of its speed with the pipeline's rate r = {r:.2f} "
+            f"(95 % CI {low:.2f} to {high:.2f})  {said}"
+        )
+
+
+def print_series(side: Tuple[object, int], seconds: float) -> None:
+    """The shared pool without pauses in 0.5 s windows for `seconds`: the share of time in slow
+    windows, how long its slow episodes last, and how the rate of blocks as long as a run's timed
+    window (3 s by default, 15, 30, 60 s) scatters: how long a run must be to average them out."""
+    batches, batch_size = side
+    windows = range(int(seconds / SERIES_WINDOW_S))
+    rates = [window(lambda: next(batches), SERIES_WINDOW_S)[0] * batch_size for _ in windows]
+    median = statistics.median(rates)
+    episodes, length = [], 0
+    for rate in rates + [median]:
+        if rate < SLOW * median:
+            length += 1
+        elif length:
+            episodes.append(length * SERIES_WINDOW_S)
+            length = 0
+    lasting = ""
+    if episodes:
+        lasting = f" lasting {min(episodes):g}-{max(episodes):g} s (median {statistics.median(episodes):g})"
+    slow_share = sum(rate < SLOW * median for rate in rates) / len(rates)
+    print(
+        f"series of the shared pool, {len(rates)} windows of {SERIES_WINDOW_S:g} s without pauses: "
+        f"median {median:,.0f} examples/s, {slow_share:.0%} of the time in {len(episodes)} slow episodes{lasting}"
+    )
+    for block_s in SERIES_BLOCKS_S:
+        size = round(block_s / SERIES_WINDOW_S)
+        blocks = [statistics.mean(rates[i : i + size]) for i in range(0, len(rates) - size + 1, size)]
+        if len(blocks) >= 3:
+            print(
+                f"  blocks of {block_s} s: spread {spread_of(blocks):.1%} over {len(blocks)}, "
+                f"slowest {min(blocks) / statistics.median(blocks):.2f} of their median"
+            )
 
 
 def differences(values: Sequence[float]) -> List[float]:

@@ -26,7 +26,7 @@ SMOKE_SCRIPTS = {
     "startup_records.py": "ratio first/later",
     "jpeg_pipeline.py": "ratio bwopt mode=input / hand-written tf.data",
     "tune_payoff.py": "ratio tune throughput / min(ceilings)",
-    "machine_noise.py": "correlation shared pool / memcpy",
+    "machine_noise.py": "series of the shared pool",
 }
 
 
