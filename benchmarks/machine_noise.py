@@ -28,8 +28,8 @@ of blocks as long as a run's timed window scatters (3 s, `measure.min_timed_s`'s
 
 Printed per pipeline: the median rate, its window-to-window spread (standard deviation over the
 mean), the windows slower than 0.6 of its median ("slow episodes"), the median and largest CPU
-per example, the cores it kept busy (rate x CPU per example); the ratio of each private pool to
-the shared one per round (`_common.spread`: geometric mean, 95 % interval, median, min-max); and
+per example, the cores it kept busy (rate x CPU per example); the ratio of every other side to
+the shared pool per round (`_common.spread`: geometric mean, 95 % interval, median, min-max); and
 the correlation of the shared pool's rate with each reference over the rounds, with its 95 %
 interval (Fisher's z), of the levels and of the changes from one round to the next (levels that
 drift together over minutes correlate without moving together round by round; the interval takes
@@ -66,7 +66,7 @@ in them, 0.735 against 0.747 CPU-ms). The episodes belong to one map call whose 
 cores, not to every pipeline on these cores.
 
 Run: `.venv/bin/python benchmarks/machine_noise.py [--rounds N] [--window S] [--series S]` (40 rounds
-of 1.5 s pipeline windows and a 360 s series, about 14 min); `BWOPT_BENCHMARK_SMOKE=1` runs three
+of 1.5 s pipeline windows, 4 sides, and a 360 s series, about 16 min); `BWOPT_BENCHMARK_SMOKE=1` runs three
 short rounds and a 3 s series (the smoke test).
 """
 
