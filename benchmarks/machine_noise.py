@@ -253,7 +253,7 @@ def main() -> None:
             (", round-to-round changes", differences(shared), differences(values)),
         ):
             r, low, high = correlation(xs, ys)
-            said = "the pipeline slows with it" if low > 0 else "no relation detected" if high > 0 else "opposed"
+            said = relation(low, high)
             print(f"correlation shared pool / {name}{what}: r = {r:.2f} (95 % CI {low:.2f} to {high:.2f})  {said}")
     print_canary(rates["shared pool"], during["shared pool"])
     if args.series > 0:
@@ -269,7 +269,7 @@ def print_canary(rates: Sequence[float], during: Sequence[Tuple[float, float]]) 
         others = [times[index] for rate, times in zip(rates, during) if rate >= SLOW * median]
         speeds = [1 / times[index] for times in during]
         r, low, high = correlation(rates, speeds) if len(set(speeds)) > 1 else (0.0, -1.0, 1.0)
-        said = "the pipeline slows with it" if low > 0 else "no relation detected" if high > 0 else "opposed"
+        said = relation(low, high)
         slow_text = f"{statistics.median(slow):.3f} in its {len(slow)} slow windows" if slow else "no slow window"
         print(
             f"canary {what} during the shared pool's windows: median {statistics.median(others):.3f} in the others, "
@@ -309,6 +309,11 @@ def print_series(side: Tuple[object, int], seconds: float) -> None:
                 f"  blocks of {block_s} s: spread {spread_of(blocks):.1%} over {len(blocks)}, "
                 f"slowest {min(blocks) / statistics.median(blocks):.2f} of their median"
             )
+
+
+def relation(low: float, high: float) -> str:
+    """What a correlation's 95 % interval says of the pipeline's rate and a reference's speed."""
+    return "the pipeline slows with it" if low > 0 else "no relation detected" if high > 0 else "opposed"
 
 
 def differences(values: Sequence[float]) -> List[float]:
