@@ -368,7 +368,7 @@ def no_credentials(monkeypatch):
 
 
 def test_credentials_in_the_uri_reach_the_server_as_basic_auth_and_leave_the_uri(no_credentials):
-    from bwopt.tracking.store import check_store, server_uri
+    from bwopt.tracking.preflight import check_store, server_uri
 
     server = _AuthServer("s3cret")
     try:
@@ -385,7 +385,7 @@ def test_refused_credentials_and_server_errors_are_one_line_naming_the_uri_witho
     no_credentials, monkeypatch
 ):
     from bwopt.tracking import TrackingUnavailable
-    from bwopt.tracking.store import check_store
+    from bwopt.tracking.preflight import check_store
 
     server = _AuthServer("right")
     try:
@@ -487,7 +487,7 @@ def test_a_store_another_process_holds_locked_is_waited_for_a_bounded_time(tmp_p
     import sys
     import time
 
-    from bwopt.tracking import TrackingUnavailable, store
+    from bwopt.tracking import TrackingUnavailable, preflight
 
     database = initialised_store(tmp_path)
     holder = subprocess.Popen(
@@ -506,7 +506,7 @@ def test_a_store_another_process_holds_locked_is_waited_for_a_bounded_time(tmp_p
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        monkeypatch.setattr(store, "SQLITE_BUSY_WAIT_S", 2)
+        monkeypatch.setattr(preflight, "SQLITE_BUSY_WAIT_S", 2)
         tracker = MlflowTracker(MlflowTracking(uri=f"sqlite:///{database}", experiment="x"))
         started = time.monotonic()
         with pytest.raises(TrackingUnavailable, match=r"mlflow.db is locked by another process \(waited 2 s\)"):

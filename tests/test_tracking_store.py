@@ -40,7 +40,7 @@ def test_a_silent_server_is_given_up_on_after_the_start_timeout_the_user_set(mon
 
     import pytest
 
-    from bwopt.tracking.store import BOUNDS_SET_ENV, TrackingUnavailable, probe_server, start_timeout_s
+    from bwopt.tracking.preflight import BOUNDS_SET_ENV, TrackingUnavailable, probe_server, start_timeout_s
 
     monkeypatch.delenv(BOUNDS_SET_ENV, raising=False)
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)

@@ -15,8 +15,9 @@ the functions that use it.
 
 from bwopt.tracking.cli import main
 from bwopt.tracking.names import PARENT_RUN_ENV, flatten, readable_metrics, run_name
+from bwopt.tracking.preflight import TrackingUnavailable
 from bwopt.tracking.runs import TRACKERS, MlflowTracker, NoTracker, build_tracker, complete, tracker_of_run
-from bwopt.tracking.store import TrackingUnavailable, guarded, sqlite_artifact_location
+from bwopt.tracking.store import guarded, sqlite_artifact_location
 from bwopt.tracking.sweeps import ParentRun, download_sweep
 
 __all__ = [

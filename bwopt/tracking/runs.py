@@ -8,17 +8,8 @@ from typing import Dict, List, Optional, Sequence
 
 from bwopt.redact import redact
 from bwopt.tracking.names import NOTE_TAG, readable_metrics, run_name, run_tags
-from bwopt.tracking.store import (
-    check_store,
-    client_for,
-    guarded,
-    open_client,
-    reap_dead_runs,
-    server_uri,
-    signal_safe,
-    start_bounds,
-    unavailable_on_error,
-)
+from bwopt.tracking.preflight import check_store, server_uri, start_bounds
+from bwopt.tracking.store import client_for, guarded, open_client, reap_dead_runs, signal_safe, unavailable_on_error
 
 MLFLOW_PARAMS_PER_BATCH = 100
 # Tags of how a run ended, which a resumed run must not keep from its stopped attempt.
@@ -34,7 +25,7 @@ class MlflowTracker:
         self.failures: List[str] = []  # what the store failed to take (`guarded`), in order
 
     def check(self) -> None:
-        """Fail fast when the store cannot work (bwopt.tracking.store.check_store): it needs neither
+        """Fail fast when the store cannot work (bwopt.tracking.preflight.check_store): it needs neither
         MLflow nor TensorFlow, so a run checks it before either is imported.
 
         Raises:
@@ -50,7 +41,7 @@ class MlflowTracker:
         or, with `resume`, reopen that run (a stopped run continued: bwopt.checkpoint), without the
         tags of how its stopped attempt ended. A signal while a server is slow to answer stops at
         once, one during a local store's call once the call is done (`signal_safe`); each call to
-        a server gives up after bwopt.tracking.store.START_TIMEOUT_S.
+        a server gives up after bwopt.tracking.preflight.START_TIMEOUT_S.
 
         Raises:
             TrackingUnavailable: the store failed (one line naming tracking.uri); a run it had made
