@@ -153,6 +153,21 @@ def _step_time(f) -> str:
     return "  ".join(parts)
 
 
+def _rate(f) -> str:
+    """How even the rate was over the timed window (bwopt.measure.episodes)."""
+    if f.get("rate_windows") is None:
+        return ""
+    windows = f"{f['rate_windows']} windows of 0.5 s"
+    if not f["slow_episodes"]:
+        return f"even: {windows} scatter {f['rate_window_spread'] * 100:.0f} %, none below 0.6 of their median"
+    episodes = "1 slow episode" if f["slow_episodes"] == 1 else f"{f['slow_episodes']} slow episodes"
+    return (
+        f"uneven: {episodes} took {f['slow_time_fraction'] * 100:.0f} % of the timed window (the longest "
+        f"{f['longest_slow_episode_s']:.1f} s; {windows}, below 0.6 of their median rate): this run's "
+        "throughput moves with them; compare settings over repeats (hydra.launcher.repeats)"
+    )
+
+
 # How each part of the step reads in the summary (bwopt.measure.uncertainty.PARTS).
 PART_NAMES = {"compute": "compute", "input_stall": "input stall", "host_overhead": "host overhead", "other": "other"}
 
@@ -319,6 +334,7 @@ def _mlflow_run(f) -> str:
 MEASURED_ROWS = [
     ("throughput", _throughput),
     ("step time", _step_time),
+    ("rate", _rate),
     ("step", _step_partition),
     ("input wait", _input_wait),
     ("verdict", _verdict),

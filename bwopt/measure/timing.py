@@ -53,6 +53,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bwopt.loop import Hook, StepRecord
+from bwopt.measure.episodes import slow_episodes
 from bwopt.measure.plan import StepPlan
 from bwopt.measure.references import HostReferences
 from bwopt.measure.uncertainty import partition_shares, percent_range, step_uncertainty, widened
@@ -122,6 +123,10 @@ class TimingFigures:
         cores_busy: the process's CPU seconds over the timed steps / their wall seconds (None
             when a timed step's CPU time was not read); cores_busy_ci95 its interval.
         cpu_s_per_example: the process's CPU seconds over the timed steps / their examples.
+        rate_windows, rate_window_spread, slow_time_fraction, slow_episodes, longest_slow_episode_s:
+            how even the rate was over the timed window: the windows of at least 0.5 s of steps it
+            was cut into, their rates' spread, and the stretches below 0.6 of their median rate
+            (`bwopt.measure.episodes`; None with fewer than 4 windows).
     """
 
     num_timed_steps: int
@@ -150,6 +155,11 @@ class TimingFigures:
     cores_busy: Optional[float] = None
     cores_busy_ci95: Optional[List[float]] = None
     cpu_s_per_example: Optional[float] = None
+    rate_windows: Optional[int] = None
+    rate_window_spread: Optional[float] = None
+    slow_time_fraction: Optional[float] = None
+    slow_episodes: Optional[int] = None
+    longest_slow_episode_s: Optional[float] = None
 
     def metrics(self) -> dict:
         """The numeric figures that were measured, as MLflow metrics: an interval [low, high] as
@@ -302,6 +312,7 @@ def timing_figures(
     num_training_steps = len(step) * steps_per_execution
     wait_ci = uncertain.series_ci95["input_wait"]
     cpu_s = float(series["cpu"].sum()) if "cpu" in series else None
+    episodes = slow_episodes(step)
     return TimingFigures(
         num_timed_steps=num_training_steps,
         timed_wall_s=wall_s,
@@ -329,6 +340,7 @@ def timing_figures(
         cores_busy=None if cpu_s is None else cpu_s / wall_s,
         cores_busy_ci95=uncertain.series_ci95.get("cpu"),
         cpu_s_per_example=None if cpu_s is None else cpu_s / (num_training_steps * examples_per_step),
+        **(asdict(episodes) if episodes else {}),
     )
 
 

@@ -69,6 +69,7 @@ from bwopt.sweep.tune_text import (
     noise_sentence,
     ratio_text,
     rounds_sentence,
+    slow_sentence,
     stage_table,
     table,
     write_tuned,
@@ -286,12 +287,14 @@ class PipelineTuner(Sweeper):
         line = closing_line(start, final, self.launched, elapsed_s, pooled, drift)
         rounds = rounds_sentence(self.settings.extra_rounds, self.level, sorted(set(self.extended)))
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
+        episodes = slow_sentence(self.trials)
         markdown = "\n\n".join(
             [
                 f"**{line}**",
                 f"Stopped: {stop}. Tuned overrides (`tuned.yaml`): `{' '.join(final.overrides_text())}`",
                 table(self.trials),
                 f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
+                *([episodes] if episodes else []),
                 noise_sentence(self.settings.repeats, pooled, drift),
                 *([rounds] if rounds else []),
                 *([f"Not tried: {'; '.join(self.skipped)}"] if self.skipped else []),

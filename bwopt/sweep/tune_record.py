@@ -46,6 +46,8 @@ class Trial:
             machine's state; `drift_spread` measures how blocks differ). Without extra rounds a
             trial's own round is its number.
         repeat_blocks: the block of each finished run (beside `repeats`).
+        slow_time_fractions: the share of each finished run's timed window in slow episodes
+            (bwopt.measure.episodes; None where its window was too short to tell).
         compute_ceiling, input_ceiling, cores_ceiling: examples/s (None when not measured; the
             cores ceiling is what the step and the pipeline sustain together on the cores they share).
         cores_busy, cores_available: the cores its training kept busy, measured over its timed
@@ -80,6 +82,7 @@ class Trial:
     folders: List[Path] = field(default_factory=list)
     blocks: List[int] = field(default_factory=list)
     repeat_blocks: List[int] = field(default_factory=list)
+    slow_time_fractions: List[Optional[float]] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -141,6 +144,7 @@ def read_trial(folder: Path, trial: Trial) -> Trial:
     trial.cores_ceiling = measurements.get("cores_ceiling_examples_per_s")
     trial.cores_busy, trial.cores_available = figures.get("cores_busy"), measurements.get("cores_available")
     trial.step_partition = figures.get("step_partition") or {}
+    trial.slow_time_fractions = [figures.get("slow_time_fraction")]
     trial.val_accuracy = job.val_accuracy
     return trial
 
@@ -162,6 +166,7 @@ def read_repeats(folders: Sequence[Path], trial: Trial, blocks: Optional[Sequenc
             setattr(trial, name, getattr(first, name))
     trial.repeats = [(read.throughput, read.ci95) for read in finished]
     trial.repeat_blocks = [block for read, block in zip(reads, blocks) if not read.failed]
+    trial.slow_time_fractions = [read.slow_time_fractions[0] for read in finished]
     if len(finished) > 1:
         for name in MEDIANS:
             values = [getattr(read, name) for read in finished if getattr(read, name) is not None]

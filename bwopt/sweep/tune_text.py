@@ -45,6 +45,23 @@ def table(trials: Sequence[Trial]) -> str:
     return "\n".join(rows)
 
 
+def slow_sentence(trials: Sequence[Trial]) -> str:
+    """How much of each run's timed window went in slow episodes (bwopt.measure.episodes), per
+    trial: where a trial's runs scatter, what moved them; "" when no run's window could tell."""
+    shown = []
+    for trial in trials:
+        shares = [f"{share * 100:.0f} %" for share in trial.slow_time_fractions if share is not None]
+        if shares:
+            shown.append(f"{trial.number}: {', '.join(shares)}")
+    if not shown:
+        return ""
+    return (
+        "Slow episodes (0.5 s windows below 0.6 of their run's median rate), the share of each run's "
+        f"timed window, per trial: {'; '.join(shown)}. A run slow throughout reads 0 %: the episodes are "
+        "relative to the run itself."
+    )
+
+
 def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], drift: Optional[Tuple[float, int]] = None) -> str:
     """What the comparisons held: one run's noise, or the spread between a trial's repeats, and the
     machine's drift between trials where incumbents ran again beside later candidates (`drift_spread`)."""

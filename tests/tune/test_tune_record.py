@@ -179,3 +179,25 @@ def test_without_drift_the_incumbents_runs_beside_later_candidates_keep_a_large_
     assert comparison.word == "faster" and comparison.ratio == pytest.approx(2.3, rel=0.1)
     beside = replace(start, repeats=start.repeats[2:3], repeat_blocks=[1])
     assert against(candidate, beside, pooled, drift).word == "no difference detected"
+
+
+def test_each_runs_time_in_slow_episodes_is_read_and_said_per_trial(tmp_path):
+    import json
+
+    from bwopt.sweep.tune_record import read_repeats
+    from bwopt.sweep.tune_text import slow_sentence
+
+    def job(folder: str, throughput: float, slow):
+        figures = {"throughput_examples_per_s": throughput, "slow_time_fraction": slow}
+        (tmp_path / folder).mkdir()
+        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": {}}
+        (tmp_path / folder / "summary.json").write_text(json.dumps(summary))
+        return tmp_path / folder
+
+    start = read_repeats([job("0", 700.0, 0.31), job("1", 1000.0, 0.0)], Trial(0, "start", "…", {}))
+    assert start.slow_time_fractions == [0.31, 0.0]
+    short = read_repeats([job("2", 1100.0, None), tmp_path / "3"], Trial(1, "prefetch", "…", {}))
+    assert short.slow_time_fractions == [None]  # too short a window to tell; the run that failed is left out
+    sentence = slow_sentence([start, short])
+    assert "per trial: 0: 31 %, 0 %." in sentence and "1:" not in sentence
+    assert slow_sentence([short]) == ""
