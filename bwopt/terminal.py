@@ -157,14 +157,14 @@ def _rate(f) -> str:
     """How even the rate was over the timed window (bwopt.measure.episodes)."""
     if f.get("rate_windows") is None:
         return ""
-    windows = f"{f['rate_windows']} windows of 0.5 s"
+    windows = f"{f['rate_windows']} windows of 0.5 s scatter {f['rate_window_spread'] * 100:.0f} %"
     if not f["slow_episodes"]:
-        return f"even: {windows} scatter {f['rate_window_spread'] * 100:.0f} %, none below 0.6 of their median"
+        return f"{windows}; none below 0.6 of their median"
     episodes = "1 slow episode" if f["slow_episodes"] == 1 else f"{f['slow_episodes']} slow episodes"
     return (
-        f"uneven: {episodes} took {f['slow_time_fraction'] * 100:.0f} % of the timed window (the longest "
-        f"{f['longest_slow_episode_s']:.1f} s; {windows}, below 0.6 of their median rate): this run's "
-        "throughput moves with them; compare settings over repeats (hydra.launcher.repeats)"
+        f"{windows}; {episodes} (below 0.6 of their median) took {f['slow_time_fraction'] * 100:.0f} % of "
+        f"the timed window, the longest {f['longest_slow_episode_s']:.1f} s: this run's throughput moves "
+        "with them; compare settings over repeats (hydra.launcher.repeats)"
     )
 
 

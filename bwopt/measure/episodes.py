@@ -13,7 +13,7 @@ closes with the step that takes it past `WINDOW_S`; what is left at the end join
 window). A window whose rate (examples / its step time) is below `SLOW_SHARE` of the median
 window rate is slow; an episode is a run of consecutive slow windows. With fewer than
 `MIN_WINDOWS` windows nothing is said. A run slow throughout has its median there too, and
-reads steady: the episodes are relative to the run itself.
+no episode: they are relative to the run itself (its windows' spread may still show it).
 """
 
 from dataclasses import dataclass

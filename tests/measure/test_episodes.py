@@ -42,13 +42,13 @@ def test_two_stretches_are_two_episodes_and_too_short_a_window_says_nothing():
     assert slow_episodes(np.full(150, 0.01)) is None  # 1.5 s: three windows
 
 
-def test_the_rate_row_says_even_or_names_the_episodes_and_the_cure():
+def test_the_rate_row_gives_the_windows_spread_and_names_the_episodes_and_the_cure():
     even = {"rate_windows": 6, "rate_window_spread": 0.04, "slow_episodes": 0}
-    assert dict(figure_rows(even))["rate"] == "even: 6 windows of 0.5 s scatter 4 %, none below 0.6 of their median"
+    assert dict(figure_rows(even))["rate"] == "6 windows of 0.5 s scatter 4 %; none below 0.6 of their median"
     uneven = {**even, "slow_episodes": 2, "slow_time_fraction": 0.18, "longest_slow_episode_s": 0.92}
     row = dict(figure_rows(uneven))["rate"]
-    assert row.startswith("uneven: 2 slow episodes took 18 % of the timed window (the longest 0.9 s;")
-    assert row.endswith("compare settings over repeats (hydra.launcher.repeats)")
+    assert row.startswith("6 windows of 0.5 s scatter 4 %; 2 slow episodes (below 0.6 of their median) took 18 %")
+    assert "the longest 0.9 s" in row and row.endswith("compare settings over repeats (hydra.launcher.repeats)")
 
 
 PACED = """
