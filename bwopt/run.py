@@ -185,7 +185,7 @@ class Run:
     def loop_hooks(self) -> List[Hook]:
         """The run's hooks on the timed loop: step timer, epoch log, profiler, progress, stop check."""
         from bwopt.profiling import StepProfiler
-        from bwopt.terminal import ProgressBar
+        from bwopt.progress import ProgressBar
 
         config, steps = self.config, self.workload.input_plan.steps
         hooks: List[Hook] = [self.timer, self.epoch_log]
