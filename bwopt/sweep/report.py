@@ -73,7 +73,7 @@ def _number(value, digits: int = 1) -> str:
 
 
 def _figure_cells(figures) -> List[str]:
-    """Input wait, p50, p99, verdict, efficiency, peak RSS, val accuracy, as table cells."""
+    """Input wait, p50, p99, time in slow episodes, verdict, efficiency, peak RSS, val accuracy, as table cells."""
 
     def scaled(name, factor, digits):
         value = figures(name)
@@ -83,6 +83,7 @@ def _figure_cells(figures) -> List[str]:
         scaled("input_wait_fraction", 100, 1),
         scaled("step_time_p50_s", 1e3, 3),
         scaled("step_time_p99_s", 1e3, 3),
+        scaled("slow_time_fraction", 100, 0),
         figures("verdict") or figures("input_bound_verdict") or "",
         scaled("efficiency", 100, 1),
         scaled("peak_host_rss_bytes", 2**-20, 1),
@@ -90,7 +91,7 @@ def _figure_cells(figures) -> List[str]:
     ]
 
 
-FIGURE_HEADERS = ["input wait %", "p50 ms", "p99 ms", "verdict", "efficiency %", "peak RSS MiB", "val acc"]
+FIGURE_HEADERS = ["input wait %", "p50 ms", "p99 ms", "slow %", "verdict", "efficiency %", "peak RSS MiB", "val acc"]
 LEARNED_WORSE = "learned worse"
 
 

@@ -34,6 +34,7 @@ FIGURES = {
     "input_wait_fraction": "figures",
     "step_time_p50_s": "figures",
     "step_time_p99_s": "figures",
+    "slow_time_fraction": "figures",
     "input_bound_verdict": "figures",
     "verdict": "figures",
     "efficiency": "measurements",

@@ -14,7 +14,9 @@ from bwopt.sweep.results import read_results, swept_keys
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def make_job(sweep, number, overrides, status="FINISHED", throughput=None, input_wait=0.5, exit_code=0, replicas=1):
+def make_job(
+    sweep, number, overrides, status="FINISHED", throughput=None, input_wait=0.5, exit_code=0, replicas=1, slow=0.0
+):
     """A job folder as bwopt's launcher and runner leave it; status None: no summary.json at all."""
     folder = sweep / str(number)
     (folder / ".hydra").mkdir(parents=True)
@@ -30,6 +32,7 @@ def make_job(sweep, number, overrides, status="FINISHED", throughput=None, input
             "input_wait_fraction": input_wait,
             "step_time_p50_s": 0.002,
             "step_time_p99_s": 0.004,
+            "slow_time_fraction": slow,  # share of the timed window in slow episodes
             "input_bound_verdict": "highly input-bound",
         }
     summary = {
@@ -58,6 +61,7 @@ def sweep(tmp_path):
                 repeat * 4 + index,
                 [f"pipeline.prefetch={prefetch}", *common],
                 throughput=throughputs[prefetch][repeat],
+                slow=0.31 if throughputs[prefetch][repeat] == 200.0 else 0.0,  # the low repeat held an episode
             )
     make_job(sweep, 3, ["pipeline.prefetch=8", *common], status=None, exit_code=-9)
     make_job(sweep, 7, ["pipeline.prefetch=8", *common], status="FAILED", exit_code=1)
@@ -94,8 +98,10 @@ def test_files_name_the_best_mark_the_failures_and_plot_every_numeric_key(sweep)
     assert "×0.43 (×" in row and ") slower |" in row
     assert "8 jobs, 2 failed. Every job also had `train.epochs=1`." in text
     assert (
-        "| 1 | `pipeline.prefetch=4` | 2/2 | 255.0 | 250.0–260.0 | 50.0 | 2.000 | 4.000 | highly input-bound |" in text
+        "| 1 | `pipeline.prefetch=4` | 2/2 | 255.0 | 250.0–260.0 | 50.0 | 2.000 | 4.000 | 0 | highly input-bound |"
+        in text
     )
+    assert "| 5 | `pipeline.prefetch=2` | FINISHED | 200.0 | 50.0 | 2.000 | 4.000 | 31 | highly input-bound |" in text
     assert "| — | `pipeline.prefetch=8` | 0/2 **FAILED** |" in text
     assert "| 3 | `pipeline.prefetch=8` | **NO SUMMARY** (exit code -9) |" in text
     assert "| 7 | `pipeline.prefetch=8` | **FAILED** (exit code 1) |" in text
