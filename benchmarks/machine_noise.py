@@ -81,13 +81,15 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 from _common import QUIET, SMOKE, compose, configure_devices, load_line, spread
 
+from bwopt.measure.episodes import SLOW_SHARE, slow_stretches
+
 ROUNDS = 3 if SMOKE else 40
 WINDOW_S = 0.2 if SMOKE else 1.5
 SETTLE_S = 0.05 if SMOKE else 1.0
 SERIES_S = 3.0 if SMOKE else 360.0
 SERIES_WINDOW_S = 0.5
 SERIES_BLOCKS_S = (3, 15, 30, 60)  # a run's timed window: 3 s is measure.min_timed_s's default
-SLOW = 0.6  # a window below this share of its pipeline's median rate is a slow episode
+SLOW = SLOW_SHARE  # a window below this share of its pipeline's median rate is a slow episode
 CANARY_EVERY_S = 0.1
 WORKLOAD = [
     *QUIET,
@@ -286,17 +288,11 @@ def print_series(side: Tuple[object, int], seconds: float) -> None:
     windows = range(int(seconds / SERIES_WINDOW_S))
     rates = [window(lambda: next(batches), SERIES_WINDOW_S)[0] * batch_size for _ in windows]
     median = statistics.median(rates)
-    episodes, length = [], 0
-    for rate in rates + [median]:
-        if rate < SLOW * median:
-            length += 1
-        elif length:
-            episodes.append(length * SERIES_WINDOW_S)
-            length = 0
+    slow, episodes = slow_stretches(rates, [SERIES_WINDOW_S] * len(rates), SLOW)
     lasting = ""
     if episodes:
         lasting = f" lasting {min(episodes):g}-{max(episodes):g} s (median {statistics.median(episodes):g})"
-    slow_share = sum(rate < SLOW * median for rate in rates) / len(rates)
+    slow_share = float(slow.mean())
     print(
         f"series of the shared pool, {len(rates)} windows of {SERIES_WINDOW_S:g} s without pauses: "
         f"median {median:,.0f} examples/s, {slow_share:.0%} of the time in {len(episodes)} slow episodes{lasting}"

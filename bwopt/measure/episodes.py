@@ -17,7 +17,7 @@ no episode: they are relative to the run itself (its windows' spread may still s
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -62,15 +62,10 @@ def windows(step_s: np.ndarray, window_s: float = WINDOW_S) -> List[slice]:
     return [slice(start, end) for start, end in zip(cuts, cuts[1:])]
 
 
-def slow_episodes(step_s, window_s: float = WINDOW_S, slow_share: float = SLOW_SHARE) -> Optional[Episodes]:
-    """The episodes of a run whose timed loop steps took `step_s` seconds each (each step the same
-    examples); None when the steps make fewer than `MIN_WINDOWS` windows."""
-    step_s = np.asarray(step_s, dtype=np.float64)
-    cut = windows(step_s, window_s)
-    if len(cut) < MIN_WINDOWS:
-        return None
-    seconds = np.array([step_s[part].sum() for part in cut])
-    rates = np.array([part.stop - part.start for part in cut]) / seconds
+def slow_stretches(rates, seconds, slow_share: float = SLOW_SHARE) -> Tuple[np.ndarray, List[float]]:
+    """(which windows are slow, the seconds of each episode in order) for windows of `rates` that
+    lasted `seconds` each: slow below `slow_share` of the median rate, an episode a run of them."""
+    rates, seconds = np.asarray(rates, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
     slow = rates < slow_share * np.median(rates)
     lengths, current = [], 0.0
     for is_slow, duration in zip(slow, seconds):
@@ -81,6 +76,19 @@ def slow_episodes(step_s, window_s: float = WINDOW_S, slow_share: float = SLOW_S
             current = 0.0
     if current:
         lengths.append(current)
+    return slow, lengths
+
+
+def slow_episodes(step_s, window_s: float = WINDOW_S, slow_share: float = SLOW_SHARE) -> Optional[Episodes]:
+    """The episodes of a run whose timed loop steps took `step_s` seconds each (each step the same
+    examples); None when the steps make fewer than `MIN_WINDOWS` windows."""
+    step_s = np.asarray(step_s, dtype=np.float64)
+    cut = windows(step_s, window_s)
+    if len(cut) < MIN_WINDOWS:
+        return None
+    seconds = np.array([step_s[part].sum() for part in cut])
+    rates = np.array([part.stop - part.start for part in cut]) / seconds
+    slow, lengths = slow_stretches(rates, seconds, slow_share)
     return Episodes(
         rate_window_spread=float(rates.std(ddof=1) / rates.mean()),
         slow_time_fraction=float(seconds[slow].sum() / seconds.sum()),

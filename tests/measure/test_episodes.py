@@ -102,3 +102,12 @@ def test_a_pipeline_slow_one_second_in_four_is_found_uneven_for_about_a_quarter_
     assert 2 <= figures.slow_episodes <= 3, figures
     assert 0.12 <= figures.slow_time_fraction <= 0.45, figures
     assert 0.4 <= figures.longest_slow_episode_s <= 1.6, figures
+
+
+def test_stretches_of_windows_of_any_length_are_what_a_run_and_a_series_share():
+    from bwopt.measure.episodes import slow_stretches
+
+    slow, lengths = slow_stretches([10, 3, 2, 10, 10, 4, 10], [0.5, 0.5, 1.0, 0.5, 0.5, 0.5, 0.5])
+    assert slow.tolist() == [False, True, True, False, False, True, False]
+    assert lengths == [1.5, 0.5]
+    assert slow_stretches([10, 10, 3], [0.5] * 3)[1] == [0.5]  # an episode at the end is one
