@@ -122,3 +122,5 @@ def _end_filter(original: int) -> None:
         _filter.wait(timeout=5)  # a child still holding the pipe keeps it alive; do not wait for it
     except subprocess.TimeoutExpired:
         pass
+    except KeyboardInterrupt:  # a stop signal while exiting (a cluster stopping its tasks): the exit goes on
+        pass

@@ -1,9 +1,15 @@
 """bwopt.quiet: a default run prints bwopt's own lines, none of TensorFlow's or MLflow's start-up chatter."""
 
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
-from conftest import run_bwopt
+from conftest import REPO, run_bwopt
 
 from bwopt.quiet import noise_pattern
 
@@ -67,3 +73,38 @@ def test_filter_follows_tf_cpp_min_log_level():
     warning = "W0000 00:00:1796003498.007997   10475 dataset.cc:997] will not be optimized"
     assert not re.match(noise_pattern(0), info)
     assert re.match(noise_pattern(1), info) and not re.match(noise_pattern(1), warning)
+
+
+# A process that filters its stderr, handles the stop signals, leaves a child holding the filter's
+# pipe (so the exit waits on the filter) and says when it is exiting.
+EXITING_WITH_A_CHILD = """
+import atexit, pathlib, subprocess, sys
+from bwopt import quiet
+from bwopt.signals import STOP
+STOP.install()
+quiet.filter_native_stderr(quiet.noise_pattern(2))
+child = subprocess.Popen(["sleep", "60"])
+atexit.register(pathlib.Path(sys.argv[1]).write_text, f"{child.pid} {quiet._filter.pid}")  # runs first: last registered
+"""
+
+
+def test_a_stop_signal_while_the_process_exits_ends_it_without_a_traceback(tmp_path):
+    exiting, stderr = tmp_path / "exiting", tmp_path / "stderr"
+    with stderr.open("w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-c", EXITING_WITH_A_CHILD, str(exiting)],
+            stderr=sink,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    deadline = time.monotonic() + 30
+    while not exiting.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child, filter_ = (psutil.Process(int(pid)) for pid in exiting.read_text().split())
+    time.sleep(0.3)  # in the exit's wait on the filter, which the child keeps open
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0  # the exit it was making, not one the signal started
+    assert time.monotonic() - started < 4  # not the filter's 5 s of grace
+    child.kill()  # the filter sees the end of its pipe, writes what is left and ends
+    psutil.wait_procs([filter_], timeout=10)
+    assert "Traceback" not in stderr.read_text()
