@@ -30,18 +30,13 @@ from bwopt.measure.host import (
 from bwopt.measure.inference import InferenceFigures, measure_inference
 from bwopt.measure.overhead import dispatch_overhead_s, fetch_overhead_s, ready_execution_s
 from bwopt.measure.references import HostReferences
-from bwopt.measure.timing import (
+from bwopt.measure.timing import MAD_TO_SIGMA, StepPlan, StepTimer, TimingFigures, jitter, timing_figures
+from bwopt.measure.verdicts import (
     HIGHLY_INPUT_BOUND,
     HOST_OVERHEAD_BOUND,
-    MAD_TO_SIGMA,
     MODERATELY_INPUT_BOUND,
-    StepPlan,
-    StepTimer,
-    TimingFigures,
     bottleneck_verdict,
     input_bound_verdict,
-    jitter,
-    timing_figures,
 )
 
 __all__ = [

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from bwopt.measure.ceilings import cores_ceiling
-from bwopt.measure.timing import BOTH_BOUND, TimingFigures
+from bwopt.measure.timing import TimingFigures
+from bwopt.measure.verdicts import BOTH_BOUND
 
 
 @dataclass

@@ -289,7 +289,7 @@ def test_host_overhead_bound_runs_are_told_to_fuse_steps():
 def test_a_run_bound_by_both_is_told_both_cures_the_larger_share_first():
     import dataclasses
 
-    from bwopt.measure.timing import BOTH_BOUND
+    from bwopt.measure.verdicts import BOTH_BOUND
 
     timer = StepTimer([0.1e-3] * 4, [0.3e-3] * 4)
     figures = timing_figures(timer, StepPlan(1, 4, 0), 10, 10, HostReferences(0.1e-3, fetch_overhead_s=0.1e-3))

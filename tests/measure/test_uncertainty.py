@@ -5,7 +5,6 @@ import pytest
 
 from bwopt.measure import HostReferences, StepPlan, StepTimer, timing_figures
 from bwopt.measure.plan import extra_steps_needed
-from bwopt.measure.timing import interval_verdict
 from bwopt.measure.uncertainty import (
     PARTS,
     POCOCK_Z,
@@ -15,6 +14,7 @@ from bwopt.measure.uncertainty import (
     sequential_level,
     step_uncertainty,
 )
+from bwopt.measure.verdicts import interval_verdict
 
 
 def coverage(make_steps, true_throughput: float, trials: int = 150) -> float:
