@@ -224,7 +224,8 @@ class Inputs:
 
         Training batches go through the tf.data service when one is configured, unless `through_service` is False.
         """
-        from bwopt.pipeline import build_dataset, build_image_dataset
+        from bwopt.image_pipeline import build_image_dataset
+        from bwopt.pipeline import build_dataset
 
         batch = self.config.train.global_batch_size
         num_pipelines, pipeline_id = 1, 0
@@ -306,7 +307,7 @@ class Inputs:
 
     def encoded_images(self):
         """What the pipeline decodes: image files (by path) or encoded bytes (data.format=image)."""
-        from bwopt.pipeline import EncodedImages
+        from bwopt.image_pipeline import EncodedImages
 
         if isinstance(self.source, ImageFileSource):
             return EncodedImages(self.source.image_size, paths=True, jpeg_only=self.source.jpeg_only)

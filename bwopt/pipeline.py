@@ -21,7 +21,7 @@ Every random stage comes after the cache: caching after it would freeze one draw
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -192,95 +192,8 @@ def build_dataset(
     return assemble(config, elements, maps, batch_size, training=training, seed=seed, service=service)
 
 
-PIXEL_RANGE = (0.0, 255.0)
 # Positions whose Maps.position_key is worked out at once.
 POSITION_BLOCK = 1024
-
-
-@dataclass(frozen=True)
-class EncodedImages:
-    """What the elements of an image pipeline hold, and the size to decode them to.
-
-    Attributes:
-        image_size: [height, width] of the decoded images.
-        paths: the elements are (path, label, identity seeds) triples: an image file's path, read
-            in the map that decodes it (or, when a cache must hold the bytes before a random stage,
-            in a map of their own), and its place in the folder's file list as the image's part of
-            the seeds of its random crop (image_file_elements); else (encoded bytes, label) pairs,
-            keyed by a fingerprint of the bytes.
-        jpeg_only: every image is a JPEG (bwopt.preprocess.Decoding).
-    """
-
-    image_size: Tuple[int, int]
-    paths: bool = False
-    jpeg_only: bool = False
-
-
-def build_image_dataset(
-    config,
-    encoded,
-    batch_size: int,
-    *,
-    training: bool,
-    seed: int,
-    images: EncodedImages,
-    service: Optional[Callable] = None,
-):
-    """Batches of images from (encoded image, int32 label) or (path, label, identity) elements
-    (`EncodedImages.paths`), preprocessed as
-    `pipeline.preprocess` says (bwopt.preprocess), per element, with `pipeline.map_parallelism`.
-
-    A deterministic preprocessing reads and decodes before the cache, which then holds decoded
-    images; a random one (imagenet's for training) runs after shuffle and repeat, so the cache
-    holds the encoded bytes and every epoch draws new crops, keyed by the image's identity, the
-    epoch and the seed (`bwopt.preprocess.element_seeds`), whatever its order. Otherwise as
-    `build_dataset`.
-    """
-    import tensorflow as tf
-
-    from bwopt.preprocess import Decoding, epoch_seeds, identity_seeds, image_identity, preprocessing
-
-    fixed, random = preprocessing(config.preprocess)
-    decoding = Decoding(tuple(images.image_size), config.fused_decode_crop, images.jpeg_only)
-    parallel = parallel_arguments(config, config.map_parallelism)
-    read_file = images.paths
-    # Per element, the cast joins the decode in one map; vectorised, build_dataset casts after batch
-    # (a random preprocessing refuses vectorized_map: bwopt.schema.pipeline).
-    cast = None if config.vectorized_map else make_cast(config)
-
-    def finish(image, label):
-        return cast(image, label) if cast else (image, label)
-
-    if training and random is not None:
-        if read_file and (config.cache != "off" or config.snapshot.path):
-            # The cache must hold the files' bytes, not their paths: read them in a map of their own.
-            encoded = encoded.map(lambda path, *rest: (tf.io.read_file(path), *rest), **parallel)
-            read_file = False
-
-        examples_per_epoch = epoch_size(encoded)
-
-        def decode(example, epoch_part):
-            data, label, *image_part = example
-            encoded_image = tf.io.read_file(data) if read_file else data
-            image_part = image_part[0] if image_part else identity_seeds(image_identity(encoded_image))
-            # bwopt.preprocess.element_seeds, from its two parts
-            return finish(random(encoded_image, image_part + epoch_part, decoding), label)
-
-        maps = Maps(
-            decode=decode,
-            position_key=lambda positions: epoch_seeds(positions // examples_per_epoch, seed),
-            augment=make_augment(config, PIXEL_RANGE, seed, encoded),
-        )
-        return assemble(config, encoded, maps, batch_size, training=training, seed=seed, service=service)
-
-    def decode_fixed(data, label, *_):  # a deterministic preprocessing needs no identity
-        encoded_image = tf.io.read_file(data) if read_file else data
-        return finish(fixed(encoded_image, decoding), label)
-
-    decoded = encoded.map(decode_fixed, **parallel)
-    return build_dataset(
-        config, decoded, batch_size, training=training, seed=seed, value_range=PIXEL_RANGE, service=service
-    )
 
 
 def assemble(config, elements, maps: Maps, batch_size: int, *, training: bool, seed: int, service):

@@ -10,7 +10,8 @@ import tensorflow as tf
 from conftest import compose_config
 
 from bwopt.app import validate
-from bwopt.pipeline import EncodedImages, build_image_dataset, image_file_elements
+from bwopt.image_pipeline import EncodedImages, build_image_dataset
+from bwopt.pipeline import image_file_elements
 from bwopt.preprocess import (
     Decoding,
     center_cropped,
