@@ -53,10 +53,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bwopt.loop import Hook, StepRecord
-from bwopt.measure.episodes import slow_episodes
+from bwopt.measure.episodes import slow_episodes, windows
 from bwopt.measure.plan import StepPlan
 from bwopt.measure.references import HostReferences
-from bwopt.measure.uncertainty import partition_shares, step_uncertainty, widened
+from bwopt.measure.uncertainty import partition_shares, step_uncertainty, widened, window_means_interval
 from bwopt.measure.verdicts import input_bound_verdict, interval_verdict
 
 # Scales the median absolute deviation to the standard deviation of a normal distribution.
@@ -233,6 +233,15 @@ def timing_figures(
         ends = [partition_shares(step_parts(input_wait, compute, references.at(side))) for side in (0, 1)]
         for name, bounds in uncertain.partition_ci95.items():
             uncertain.partition_ci95[name] = widened(bounds, [end[name] for end in ends])
+    # What drifts over seconds moves the shares by more than resampled steps show: each share's
+    # interval also holds the batch-means one of its half-second windows.
+    cuts = windows(step)
+    shares = [(uncertain.partition_ci95, name, part_s, uncertain.partition[name]) for name, part_s in parts.items()]
+    for intervals, name, part_s, estimate in [*shares, (uncertain.series_ci95, "input_wait", input_wait, fraction)]:
+        batch_means = window_means_interval(part_s, step, cuts, estimate)
+        if batch_means is not None:
+            low, high = widened(intervals[name], batch_means)
+            intervals[name] = [max(low, 0.0), min(high, 1.0)]
     stall_fraction = host_fraction = stall_ci = host_ci = None
     if references is not None:
         stall_fraction, host_fraction = uncertain.partition["input_stall"], uncertain.partition["host_overhead"]

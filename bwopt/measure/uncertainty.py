@@ -116,6 +116,28 @@ def widened(bounds: Sequence[float], values: Sequence[float]) -> List[float]:
     return [float(min(bounds[0], *values)), float(max(bounds[1], *values))]
 
 
+# Fewer windows than this leave the shares' intervals to the bootstrap alone (two degrees of freedom).
+MIN_SHARE_WINDOWS = 3
+
+
+def window_means_interval(
+    part_s: np.ndarray, step_s: np.ndarray, cuts: Sequence[slice], estimate: float
+) -> Optional[List[float]]:
+    """[low, high] of a share of step time by batch means: the share of `part_s` in each window of
+    `cuts` (consecutive stretches of the steps), Student's t over the windows' scatter, centred on
+    `estimate` (the whole window's figure). None with fewer than `MIN_SHARE_WINDOWS` windows.
+
+    The blocks of the bootstrap are steps long; a share that drifts over seconds (a pipeline
+    thread that gets a core for a while, then loses it) moves between windows of half a second,
+    and between runs, by more than the bootstrap's interval says.
+    """
+    if len(cuts) < MIN_SHARE_WINDOWS:
+        return None
+    shares = np.array([part_s[cut].sum() / step_s[cut].sum() for cut in cuts])
+    half = t_quantile(len(shares) - 1) * float(shares.std(ddof=1)) / math.sqrt(len(shares))
+    return [estimate - half, estimate + half]
+
+
 def step_uncertainty(
     parts: Dict[str, np.ndarray], examples_per_loop_step: float, series: Optional[Dict[str, np.ndarray]] = None
 ) -> StepUncertainty:

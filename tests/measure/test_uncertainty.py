@@ -13,6 +13,7 @@ from bwopt.measure.uncertainty import (
     repeats_to_resolve,
     sequential_level,
     step_uncertainty,
+    window_means_interval,
 )
 from bwopt.measure.verdicts import interval_verdict
 
@@ -129,6 +130,43 @@ def test_with_n_steps_per_execution_the_stall_is_the_excess_over_ready_execution
 )
 def test_a_verdict_is_given_only_where_its_interval_clears_the_thresholds(stall, host, verdict):
     assert interval_verdict(stall, host) == verdict
+
+
+def drifting_stall(alternate_windows: bool):
+    """3,000 steps of 1 ms on a fetch and a dispatch reference of 0.05 ms each: the stall is 10 % of
+    the step in half of them and 30 % in the other half, either by half-second windows (a drift the
+    steps' blocks cannot see) or step by step (no drift: every window reads 20 %)."""
+    if alternate_windows:
+        high = (np.arange(3000) // 500) % 2 == 1
+    else:
+        high = np.arange(3000) % 2 == 1
+    wait = np.where(high, 0.35e-3, 0.15e-3)
+    timer = StepTimer(list(wait), list(1e-3 - wait))
+    references = HostReferences(dispatch_overhead_s=0.05e-3, fetch_overhead_s=0.05e-3)
+    return timing_figures(timer, StepPlan(1, 3000, 0), 10, 10, references)
+
+
+def test_a_share_that_drifts_between_half_second_windows_gets_the_windows_interval():
+    drifting, even = drifting_stall(True), drifting_stall(False)
+    assert drifting.input_stall_fraction == pytest.approx(0.2) and even.input_stall_fraction == pytest.approx(0.2)
+    # six windows at 10, 30, 10, 30, 10, 30 %: 20 % +- t(5) x 10.95 % / sqrt(6) = +-11.5 points
+    low, high = drifting.input_stall_fraction_ci95
+    assert low == pytest.approx(0.085, abs=0.002) and high == pytest.approx(0.315, abs=0.002)
+    assert drifting.verdict.startswith("mixed")  # 20 % +- 11.5 points straddles both stall thresholds
+    assert drifting.input_wait_fraction_ci95[1] - drifting.input_wait_fraction_ci95[0] > 0.2
+    low, high = even.input_stall_fraction_ci95  # no drift: the steps' own interval, narrow
+    assert high - low < 0.01
+    for figures in (even, drifting):  # host overhead: 0.1 ms of every step, no drift
+        assert figures.host_overhead_fraction_ci95 == pytest.approx([0.1, 0.1])
+
+
+def test_the_windows_interval_needs_three_windows_and_centres_on_the_figure():
+    part, step = np.array([1.0, 3.0, 1.0, 3.0]), np.full(4, 10.0)
+    cuts = [slice(0, 2), slice(2, 4)]
+    assert window_means_interval(part, step, cuts, 0.2) is None
+    low, high = window_means_interval(part, step, [slice(index, index + 1) for index in range(4)], 0.2)
+    half = 3.182446 * np.std([0.1, 0.3, 0.1, 0.3], ddof=1) / 2  # t(3) at 95 %
+    assert (low, high) == pytest.approx((0.2 - half, 0.2 + half), abs=1e-5)
 
 
 def test_comparisons_say_faster_slower_or_no_difference_with_the_ratios_interval():
