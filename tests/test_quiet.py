@@ -97,9 +97,9 @@ def test_a_stop_signal_while_the_process_exits_ends_it_without_a_traceback(tmp_p
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )
     deadline = time.monotonic() + 30
-    while not exiting.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child, filter_ = (psutil.Process(int(pid)) for pid in exiting.read_text().split())
+    while len(pids := exiting.read_text().split() if exiting.exists() else []) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the file may exist before its text is written
+    child, filter_ = (psutil.Process(int(pid)) for pid in pids)
     time.sleep(0.3)  # in the exit's wait on the filter, which the child keeps open
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)

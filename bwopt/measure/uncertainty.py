@@ -8,7 +8,9 @@ length about n^(1/3), longer the longer neighbouring steps stay alike, at least 
 `NUM_RESAMPLES` times with a fixed seed, recomputes each figure as a ratio of sums over the
 resampled steps, and takes the 2.5th and 97.5th percentiles.
 The interval says how much the figure would move were the same run's window measured again;
-what changes between runs (another process on the cores) adds to that, which is why sweeps
+a share of step time also holds the batch-means interval of its half-second windows
+(`window_means_interval`), since what drifts over seconds escapes blocks a few steps long.
+What changes between runs (another process on the cores) adds to that, which is why sweeps
 compare repeats (`compare`).
 """
 
@@ -116,7 +118,7 @@ def widened(bounds: Sequence[float], values: Sequence[float]) -> List[float]:
     return [float(min(bounds[0], *values)), float(max(bounds[1], *values))]
 
 
-# Fewer windows than this leave the shares' intervals to the bootstrap alone (two degrees of freedom).
+# The windows a batch-means interval needs (two degrees of freedom); fewer leave a share to the bootstrap.
 MIN_SHARE_WINDOWS = 3
 
 
