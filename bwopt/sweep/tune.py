@@ -9,7 +9,8 @@ MLflow parent run, the sweep report), one at a time, each with `measure.ceilings
 2. the proposals (bwopt.sweep.tune_plan): greedy by the gain the cost model predicts, each with
    its reason, planned again after every revert on top of the changes kept; only settings that
    keep the examples and the math (parallelism, prefetch, cache before every random stage,
-   vectorised maps, a lossless transfer dtype, interleave width, steps per execution);
+   vectorised maps, a lossless transfer dtype, interleave width, steps per execution), then,
+   only with `hydra.sweeper.allow=[precision]`, a 16-bit policy (tried past the target too);
 3. each proposal runs on top of the incumbent, its repeats around one more run of the incumbent
    (`rerun_incumbent`), and is kept only when it is faster beyond the noise
    (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, the
@@ -45,7 +46,7 @@ from bwopt.memory import available_memory_bytes
 from bwopt.schema import SweepConfig
 from bwopt.sweep.sweeper import prepare_sweep
 from bwopt.sweep.tune_decide import Budget
-from bwopt.sweep.tune_plan import busy_cores_reason, plan
+from bwopt.sweep.tune_plan import OPT_IN_NAMES, busy_cores_reason, plan
 from bwopt.sweep.tune_plot import plot_path
 from bwopt.sweep.tune_record import (
     Trial,
@@ -148,15 +149,17 @@ class PipelineTuner(Sweeper):
         kept: List[str] = []
         rejected: List[str] = []
         while True:
-            if self._reached_target(incumbent):
+            # past the target only the opt-in changes that move the compute ceiling are left to try
+            reached = self._reached_target(incumbent)
+            proposal = next_proposal(kept, rejected, reached)
+            if reached and proposal is None:
                 stop = f"reached {self.settings.target_fraction:g} of the compute ceiling"
                 break
-            proposal = next_proposal(kept, rejected)
             while proposal is not None and (reason := busy_cores_reason(proposal.name, incumbent)):
                 log.info(f"not tried: {proposal.name} {proposal.overrides}: {reason}")
                 self.skipped.append(f"{proposal.name} ({reason})")
                 rejected.append(proposal.name)
-                proposal = next_proposal(kept, rejected)
+                proposal = next_proposal(kept, rejected, reached)
             if not self.trials[-1].kept:
                 log.info(f"re-planned without {', '.join(rejected)}: next {proposal.name if proposal else 'nothing'}")
             if proposal is None:
@@ -222,18 +225,20 @@ class PipelineTuner(Sweeper):
         weighed on the incumbent the trials run on, not on a model that assumed the change.
         """
         if not self.settings.probe:
-            return lambda kept, rejected: None
+            return lambda kept, rejected, opt_in_only=False: None
         picture = run_probe(base, self.probe_file)
         configs = [folder / ".hydra" / "config.yaml" for folder in start.folders]
         config_file = next((path for path in configs if path.is_file()), configs[0])  # the repeats' are alike
         knobs = start_knobs(OmegaConf.load(config_file), budget.cores)
         profile = profile_of(picture, start)
-        for number, proposal in enumerate(plan(profile, budget, knobs), 1):
+        allow = self.settings.allow
+        for number, proposal in enumerate(plan(profile, budget, knobs, allow=allow), 1):
             log.info(f"proposal {number}: {proposal.name} {proposal.overrides}: {proposal.reason}")
 
-        def next_proposal(kept: List[str], rejected: List[str]):
-            proposals = plan(profile, budget, knobs, kept, rejected)
-            return next((proposal for proposal in proposals if proposal.name not in kept), None)
+        def next_proposal(kept: List[str], rejected: List[str], opt_in_only: bool = False):
+            proposals = plan(profile, budget, knobs, kept, rejected, allow)
+            left = (proposal for proposal in proposals if proposal.name not in kept)
+            return next((proposal for proposal in left if not opt_in_only or proposal.name in OPT_IN_NAMES), None)
 
         return next_proposal
 

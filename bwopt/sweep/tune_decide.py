@@ -23,8 +23,12 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
 SOURCE, MAP, BATCH, SHUFFLE, OTHER = "source", "map", "batch", "shuffle", "other"
-# Opt-in settings that change the math (tune.allow); none is proposed today without it.
+# Opt-in settings that change the math (tune.allow): none is proposed without it.
 ALLOWED_CHANGES = ("precision", "batch_size")
+# What the model assumes a 16-bit policy does at best to the step: half float32's time (units that
+# run 16-bit matrix products at twice the rate); the trial measures what it does.
+SIXTEEN_BIT_SPEEDUP = 2.0
+BFLOAT16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 MAX_PREFETCH = 16
 MAX_STEPS_PER_EXECUTION = 64
 HOST_OVERHEAD_SHARE = 0.2  # the verdict's threshold (bwopt.measure): above it, amortise the host's cost
@@ -85,6 +89,8 @@ class Profile:
         host_overhead_share: the step partition's host overhead (fetch, dispatch, sync) of the start.
         steps_per_epoch: training steps per epoch (steps_per_execution divides it).
         epochs: training epochs of a trial (a cache pays after the first).
+        sixteen_bit: the 16-bit precision policy the device has units for (`sixteen_bit_precision`),
+            None where it has none; `sixteen_bit_reason` says which.
     """
 
     stages: Tuple[Stage, ...]
@@ -98,6 +104,36 @@ class Profile:
     host_overhead_share: float = 0.0
     steps_per_epoch: int = 0
     epochs: int = 1
+    sixteen_bit: Optional[str] = None
+    sixteen_bit_reason: str = ""
+
+
+def sixteen_bit_precision(
+    device: str, cpu_flags: Sequence[str] = (), compute_capability: Optional[Sequence[int]] = None
+) -> Tuple[Optional[str], str]:
+    """(the Keras mixed-precision policy `device` runs 16-bit math fastest with, why), or (None, why not).
+
+    cpu: mixed_bfloat16 where the CPU has bfloat16 instructions (`BFLOAT16_CPU_FLAGS`, as
+    /proc/cpuinfo names them); elsewhere 16-bit math is emulated. gpu: mixed_bfloat16 from compute
+    capability 8.0 (tensor cores with bfloat16, no loss scaling), mixed_float16 from 7.0 (tensor
+    cores, with loss scaling). tpu: mixed_bfloat16.
+    """
+    if device == "tpu":
+        return "mixed_bfloat16", "TPU cores multiply in bfloat16"
+    if device == "gpu":
+        if not compute_capability:
+            return None, "the GPU's compute capability is unknown"
+        capability = tuple(compute_capability)[:2]
+        named = ".".join(map(str, capability))
+        if capability >= (8, 0):
+            return "mixed_bfloat16", f"the GPU (compute capability {named}) has bfloat16 tensor cores"
+        if capability >= (7, 0):
+            return "mixed_float16", f"the GPU (compute capability {named}) has float16 tensor cores"
+        return None, f"the GPU (compute capability {named}) has no tensor cores"
+    found = [flag for flag in BFLOAT16_CPU_FLAGS if flag in cpu_flags]
+    if found:
+        return "mixed_bfloat16", f"the CPU has bfloat16 instructions ({', '.join(found)})"
+    return None, f"the CPU has no bfloat16 instructions ({', '.join(BFLOAT16_CPU_FLAGS)}): 16-bit math is emulated"
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,15 @@
 From the start's `Profile` every candidate change (vectorised maps, a lossless transfer dtype,
 parallelism by water-filling, a cache, prefetch depth, steps per execution) is applied to the
 model in turn; the one with the largest predicted gain is taken, the model updated, and the rest
-weighed again on top of it, until no candidate is predicted to gain `MIN_PREDICTED_GAIN`. Each
+weighed again on top of it, until no candidate is predicted to gain `MIN_PREDICTED_GAIN`; then
+the changes to the math that tune.allow lets in (`OPT_IN`: a 16-bit precision). Each
 proposal carries its overrides and a one-line reason with the numbers it came from. Pure: no
 TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the model). `busy_cores_reason` says which
 proposals a measured trial leaves no room for.
 """
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from bwopt.measure.advice import cores_bound
 from bwopt.sweep.tune_decide import (
@@ -18,6 +19,7 @@ from bwopt.sweep.tune_decide import (
     MAP,
     MIN_PREDICTED_GAIN,
     SHUFFLE,
+    SIXTEEN_BIT_SPEEDUP,
     SOURCE,
     Budget,
     Profile,
@@ -51,6 +53,7 @@ class State:
     steps_per_execution: int = 1
     step_time_s: float = 0.0
     bytes_per_example: float = 0.0
+    precision: str = "float32"
 
 
 def threads_of(state: State) -> dict:
@@ -205,6 +208,25 @@ def amortise_host(state: State, profile: Profile, budget: Budget):
 CANDIDATES: Tuple[Callable, ...] = (vectorize, transfer_uint8, parallelize, cache, prefetch, amortise_host)
 
 
+def lower_precision(state: State, profile: Profile, budget: Budget):
+    """A 16-bit policy for the step, where the device has units for it: it changes the math, so it
+    is proposed only with `tune.allow: [precision]`, after every change that keeps the math."""
+    if state.precision != "float32" or not profile.sixteen_bit:
+        return None
+    step = state.step_time_s / SIXTEEN_BIT_SPEEDUP
+    reason = (
+        f"{profile.sixteen_bit_reason}: the step ({ms(state.step_time_s)} per batch) at best "
+        f"{ms(step)} → device.precision={profile.sixteen_bit} (changes the math: allowed by tune.allow; kept "
+        "only if faster and val_accuracy within the tolerance)"
+    )
+    new = replace(state, precision=profile.sixteen_bit, step_time_s=step)
+    return new, {"device.precision": profile.sixteen_bit}, reason
+
+
+# tune.allow's names -> the candidates they let in (batch_size: none yet).
+OPT_IN: Dict[str, Callable] = {"precision": lower_precision}
+
+
 def initial_state(profile: Profile, start: dict) -> State:
     """The model of the start: `start` holds the knobs it ran with (map_parallelism, prefetch, ...)."""
     return State(
@@ -218,6 +240,7 @@ def initial_state(profile: Profile, start: dict) -> State:
         steps_per_execution=start.get("steps_per_execution", 1),
         step_time_s=profile.step_time_s,
         bytes_per_example=profile.feature_bytes_per_example,
+        precision=start.get("precision", "float32"),
     )
 
 
@@ -225,16 +248,26 @@ def candidate_name(candidate: Callable) -> str:
     return candidate.__name__.replace("_", " ")
 
 
-def plan(profile: Profile, budget: Budget, start: dict, kept=(), rejected=()) -> List[Proposal]:
+# The proposals that change the step itself: past the target fraction of the compute ceiling they
+# are still tried, since they move the ceiling.
+OPT_IN_NAMES = frozenset(candidate_name(candidate) for candidate in OPT_IN.values())
+
+
+def plan(
+    profile: Profile, budget: Budget, start: dict, kept=(), rejected=(), allow: Sequence[str] = ()
+) -> List[Proposal]:
     """The proposals, best predicted gain first, each weighed on top of those before it.
 
     `kept` and `rejected` name proposals already run (`Proposal.name`): the kept ones are applied
     first, in their order, and the rejected ones are left out, so after a revert the rest are
-    weighed again on top of what was kept rather than of the change that did not help.
+    weighed again on top of what was kept rather than of the change that did not help. `allow`
+    (tune.allow) lets in changes that alter the math (`OPT_IN`): they come after every change that
+    keeps it, in `allow`'s order.
     """
     state = initial_state(profile, start)
     proposals: List[Proposal] = []
-    by_name = {candidate_name(candidate): candidate for candidate in CANDIDATES}
+    opt_in = {candidate_name(OPT_IN[name]): OPT_IN[name] for name in allow if name in OPT_IN}
+    by_name = {**{candidate_name(candidate): candidate for candidate in CANDIDATES}, **opt_in}
     unknown = [name for name in (*kept, *rejected) if name not in by_name]
     if unknown:
         raise ValueError(f"unknown proposal(s) {unknown}; expected some of {list(by_name)}")
@@ -248,7 +281,7 @@ def plan(profile: Profile, budget: Budget, start: dict, kept=(), rejected=()) ->
         proposals.append(
             Proposal(name, overrides, f"{reason} (model: ×{gain:.2f})", predicted_batch_time_s(state, budget))
         )
-    remaining = [candidate for name, candidate in by_name.items() if name not in (*kept, *rejected)]
+    remaining = [candidate for name, candidate in by_name.items() if name not in (*kept, *rejected, *opt_in)]
     while remaining:
         current = predicted_batch_time_s(state, budget)
         options = []
@@ -263,6 +296,16 @@ def plan(profile: Profile, budget: Budget, start: dict, kept=(), rejected=()) ->
         remaining.remove(candidate)
         predicted = predicted_batch_time_s(state, budget)
         proposals.append(Proposal(candidate_name(candidate), overrides, f"{reason} (model: ×{gain:.2f})", predicted))
+    for name, candidate in opt_in.items():
+        if name in (*kept, *rejected):
+            continue
+        current = predicted_batch_time_s(state, budget)
+        outcome = candidate(state, profile, budget)
+        if outcome is None or current / predicted_batch_time_s(outcome[0], budget) < MIN_PREDICTED_GAIN:
+            continue
+        state, overrides, reason = outcome
+        predicted = predicted_batch_time_s(state, budget)
+        proposals.append(Proposal(name, overrides, f"{reason} (model, at best: ×{current / predicted:.2f})", predicted))
     return proposals
 
 

@@ -157,6 +157,30 @@ def scaled(stages: List[dict], cpu_per_batch_s: float) -> List[dict]:
     return stages
 
 
+def cpu_flags() -> List[str]:
+    """The CPU's feature flags as Linux lists them (/proc/cpuinfo); none elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return line.partition(":")[2].split()
+
+
+def sixteen_bit(device: str):
+    """(policy, reason) for this host's `device` (bwopt.sweep.tune_decide.sixteen_bit_precision)."""
+    import tensorflow as tf
+
+    from bwopt.sweep.tune_decide import sixteen_bit_precision
+
+    capability = None
+    if device == "gpu":
+        gpus = tf.config.list_physical_devices("GPU")
+        details = tf.config.experimental.get_device_details(gpus[0]) if gpus else {}
+        capability = details.get("compute_capability")
+    return sixteen_bit_precision(device, cpu_flags() if device == "cpu" else (), capability)
+
+
 def probe(overrides: List[str]) -> Dict[str, object]:
     """The per-stage picture of the training pipeline these overrides configure."""
     from hydra import compose, initialize_config_dir
@@ -199,6 +223,7 @@ def probe(overrides: List[str]) -> Dict[str, object]:
     value_range = getattr(source, "value_range", None)
     value_range = value_range() if callable(value_range) else value_range
     in_byte_range = value_range is not None and value_range[0] >= 0 and value_range[1] <= 255
+    policy, policy_reason = sixteen_bit(config.device.name)
     return {
         "stages": stages,
         "batch_size": batch_size,
@@ -213,6 +238,8 @@ def probe(overrides: List[str]) -> Dict[str, object]:
         "window_s": measured["s"],
         "seconds_per_batch": measured["s"] / max(measured["batches"], 1),
         "cpu_seconds_per_batch": measured["cpu_s"] / max(measured["batches"], 1),
+        "sixteen_bit": policy,
+        "sixteen_bit_reason": policy_reason,
     }
 
 

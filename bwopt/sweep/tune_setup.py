@@ -46,7 +46,8 @@ class BwoptTunerConf:
             way; every comparison then takes Pocock's per-look level for 1 + extra_rounds looks,
             so each candidate's looks together err no more often than one 95 % comparison (0 to 4).
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
-        allow: opt-in changes that alter the math (precision, batch_size); none is proposed yet.
+        allow: opt-in changes that alter the math: precision (a 16-bit policy where the device has
+            units for it, bwopt.sweep.tune_plan.OPT_IN); batch_size is accepted, nothing is proposed from it yet.
         memory_share: of the memory available at the start, what caches and prefetch may hold.
         probe: probe the pipeline's stages (tf.data's model) before planning; false runs the
             start alone.
@@ -108,6 +109,7 @@ def start_knobs(config: DictConfig, cores: int) -> Dict[str, Any]:
         "vectorized": bool(pipeline.vectorized_map),
         "uint8": pipeline.transfer_dtype == "uint8",
         "steps_per_execution": int(config.train.steps_per_execution),
+        "precision": config.device.precision,
     }
 
 
@@ -130,6 +132,8 @@ def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
         host_overhead_share=start.step_partition.get("host_overhead", 0.0),
         steps_per_epoch=picture["steps_per_epoch"],
         epochs=picture["epochs"],
+        sixteen_bit=picture.get("sixteen_bit"),
+        sixteen_bit_reason=picture.get("sixteen_bit_reason", ""),
     )
 
 

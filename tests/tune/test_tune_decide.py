@@ -29,6 +29,7 @@ from bwopt.sweep.tune_decide import (
     cache_position,
     check_cache_position,
     prefetch_depth,
+    sixteen_bit_precision,
     steps_per_execution,
     water_fill,
 )
@@ -247,3 +248,50 @@ def test_vectorising_is_proposed_only_when_it_is_cheaper():
     dearer = Profile(stages, 512, 13107, 0.0096, vectorized_map_cost_s=0.200, integer_features=True, epochs=3)
     assert plan(cheaper, Budget(2, 4e9), {})[0].overrides == {"pipeline.vectorized_map": "true"}
     assert all("pipeline.vectorized_map" not in proposal.overrides for proposal in plan(dearer, Budget(2, 4e9), {}))
+
+
+@pytest.mark.parametrize(
+    "device, flags, capability, policy",
+    [
+        ("cpu", ["avx2", "amx_bf16", "amx_tile"], None, "mixed_bfloat16"),
+        ("cpu", ["avx512f", "avx512_bf16"], None, "mixed_bfloat16"),
+        ("cpu", ["avx2", "avx512f"], None, None),
+        ("gpu", [], (8, 0), "mixed_bfloat16"),
+        ("gpu", [], (7, 5), "mixed_float16"),
+        ("gpu", [], (6, 1), None),
+        ("gpu", [], None, None),
+        ("tpu", [], None, "mixed_bfloat16"),
+    ],
+)
+def test_the_16_bit_policy_is_the_one_the_device_has_units_for(device, flags, capability, policy):
+    chosen, reason = sixteen_bit_precision(device, flags, capability)
+    assert chosen == policy
+    assert reason
+    if device == "cpu" and policy is None:
+        assert "amx_bf16" in reason and "emulated" in reason
+
+
+def test_precision_is_proposed_only_when_allowed_after_every_change_that_keeps_the_math():
+    stages = (
+        Stage("source", SOURCE, 0.002, output_bytes_per_example=3076),
+        Stage("shuffle, repeat", SHUFFLE, 0.0015, False, True, 12292),
+        Stage("map (augment)", MAP, 0.020, True, True, 12292),
+        Stage("batch", BATCH, 0.003, False, True, 12292),
+    )
+    # a step of 60 ms a batch, far above the pipeline: only the step can go faster
+    profile = Profile(stages, 32, 1024, 0.060, sixteen_bit="mixed_bfloat16", sixteen_bit_reason="bf16 units", epochs=3)
+    budget = Budget(2, 4e9)
+    assert all("device.precision" not in proposal.overrides for proposal in plan(profile, budget, {}))
+    allowed = plan(profile, budget, {}, allow=["precision"])
+    assert allowed[-1].overrides == {"device.precision": "mixed_bfloat16"}
+    assert [proposal.name for proposal in allowed[:-1]] == [proposal.name for proposal in plan(profile, budget, {})]
+    assert "changes the math" in allowed[-1].reason and "60.0 ms" in allowed[-1].reason
+    # already 16-bit, no units for it, or tried and reverted: nothing
+    assert plan(profile, budget, {"precision": "mixed_bfloat16"}, allow=["precision"]) == plan(profile, budget, {})
+    no_units = Profile(stages, 32, 1024, 0.060, sixteen_bit=None, epochs=3)
+    assert all("device.precision" not in p.overrides for p in plan(no_units, budget, {}, allow=["precision"]))
+    reverted = plan(profile, budget, {}, rejected=["lower precision"], allow=["precision"])
+    assert all("device.precision" not in proposal.overrides for proposal in reverted)
+    # kept, it is applied first when the plan is made again, and the rest weighed on its faster step
+    again = plan(profile, budget, {}, kept=["lower precision"], allow=["precision"])
+    assert again[0].overrides == {"device.precision": "mixed_bfloat16"}

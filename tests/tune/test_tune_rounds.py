@@ -11,6 +11,8 @@ from typing import Dict, List
 import pytest
 
 from bwopt.measure.uncertainty import sequential_level
+from bwopt.sweep.tune_decide import Proposal
+from bwopt.sweep.tune_plan import OPT_IN_NAMES
 from bwopt.sweep.tune_record import Trial, against, drift_spread, run_to_run_spread
 from bwopt.sweep.tune_setup import BwoptTunerConf, TuneConfigError
 from bwopt.sweep.tune_text import ratio_text, rounds_sentence
@@ -137,3 +139,54 @@ def test_no_extra_round_for_a_candidate_that_leans_slower_is_decided_or_has_none
 def test_extra_rounds_outside_the_looks_with_a_known_level_are_refused(value):
     with pytest.raises(TuneConfigError, match=f"hydra.sweeper.extra_rounds={value}; expected an integer in 0..4"):
         BwoptTunerConf(extra_rounds=value)
+
+
+class CeilingLauncher(ScriptedLauncher):
+    """Every run at 950 examples/s against a compute ceiling of 1,000 (0.95 of it, past tune's 0.9
+    target), but 1,900 with a 16-bit policy (its step twice as fast): what each trial ran is kept."""
+
+    def launch(self, job_overrides, initial_job_idx: int):
+        (overrides,) = job_overrides
+        sixteen_bit = "device.precision=mixed_bfloat16" in overrides
+        throughput = 1900.0 if sixteen_bit else 950.0
+        folder = self.sweep_dir / str(initial_job_idx)
+        folder.mkdir(parents=True)
+        figures = {
+            "throughput_examples_per_s": throughput,
+            "throughput_examples_per_s_ci95": [throughput * 0.99, throughput * 1.01],
+        }
+        measurements = {"compute_ceiling_examples_per_s": 2000.0 if sixteen_bit else 1000.0}
+        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": measurements}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
+        self.launched.append(list(overrides))
+        return []
+
+
+class PlannedTuner(BwoptTuner):
+    """tune with a plan given in advance (the probe and its cost model are tested apart)."""
+
+    proposals = ()
+
+    def _planner(self, base, start, budget):
+        def next_proposal(kept, rejected, opt_in_only=False):
+            left = [p for p in self.proposals if p.name not in (*kept, *rejected)]
+            return next((p for p in left if not opt_in_only or p.name in OPT_IN_NAMES), None)
+
+        return next_proposal
+
+
+def test_past_the_ceilings_target_only_a_change_that_moves_the_ceiling_is_still_tried(tmp_path):
+    tuner = PlannedTuner(max_trials=5, repeats=1, rerun_incumbent=False, extra_rounds=0, allow=["precision"])
+    tuner.proposals = (
+        Proposal("prefetch", {"pipeline.prefetch": "2"}, "lossless"),
+        Proposal("lower precision", {"device.precision": "mixed_bfloat16"}, "opt-in"),
+    )
+    tuner.sweep_dir, tuner.probe_file = tmp_path, tmp_path / "tune_probe_start.json"
+    tuner.launcher = CeilingLauncher(tmp_path, {})
+    result = tuner.sweep([])
+    changed = ("pipeline.prefetch", "device.precision")
+    ran = [[item for item in overrides if item.startswith(changed)] for overrides in tuner.launcher.launched]
+    assert ran == [[], ["device.precision=mixed_bfloat16"]]  # the start, then precision; never prefetch
+    assert result["tuned"] == {"device.precision": "mixed_bfloat16"}
+    assert "Stopped: reached 0.9 of the compute ceiling" in (tmp_path / "tune.md").read_text()
