@@ -238,12 +238,18 @@ def _host_cure(figures: TimingFigures) -> str:
     return "use a larger train.global_batch_size (fewer steps for the same examples)"
 
 
+def _host_setting(figures: TimingFigures) -> str:
+    """The host cure as a setting to try, for a list of cures ("train.steps_per_execution=8")."""
+    setting = _host_cure(figures).split(" (")[0]
+    return setting.removeprefix("set ").removeprefix("use ")
+
+
 def _cures(figures: TimingFigures, knobs: PipelineKnobs) -> List[tuple]:
     """(share of step time, what to try) for the input stall and the host overhead."""
     input_cure = "pipeline=tuned (input stall)" if pipeline_knobs_off(knobs) else "cheaper host work per example"
     return [
         (figures.input_stall_fraction or 0.0, input_cure),
-        (figures.host_overhead_fraction or 0.0, f"{_host_cure(figures).split(' (')[0]} (host overhead)"),
+        (figures.host_overhead_fraction or 0.0, f"{_host_setting(figures)} (host overhead)"),
     ]
 
 

@@ -300,6 +300,10 @@ def test_a_run_bound_by_both_is_told_both_cures_the_larger_share_first():
         assert advice.startswith(f"{BOTH_BOUND}: input stall {stall * 100:.0f} %, host overhead {host * 100:.0f} %")
         assert "pipeline=tuned" in advice and "train.steps_per_execution=8" in advice
         assert advice.index(first) == min(advice.index("pipeline=tuned"), advice.index("train.steps_per_execution=8"))
+        assert "try set" not in advice  # a list of settings to try, not of sentences
+    mixed = dataclasses.replace(figures, verdict="mixed: …", input_stall_fraction=0.18, host_overhead_fraction=0.4)
+    tries = "Try train.steps_per_execution=8 (host overhead), then pipeline=tuned (input stall)"
+    assert recommend(mixed, knobs).endswith(tries)
 
 
 def test_ceilings_keep_the_median_and_spread_of_their_blocks():
