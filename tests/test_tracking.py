@@ -418,7 +418,9 @@ def test_a_real_basic_auth_server_takes_the_uri_credentials_and_the_password_is_
     from mlflow import MlflowClient
 
     folder = tmp_path / "run"
-    environment = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    # The server checks a password hash on every request: with every core busy one answer took more
+    # than bwopt's 5 s start check, so the test gives it the user's own bound (MLflow's variable).
+    environment = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
     common = ["train.epochs=1", "measure.memcpy_bandwidth=false", "tracking.system_metrics=false"]
 
     def bwopt(uri, run_dir, timeout):
