@@ -2,7 +2,7 @@
 
 import statistics
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from bwopt.measure.ceilings import cores_ceiling
 from bwopt.measure.timing import TimingFigures
@@ -231,17 +231,18 @@ def cores_bound(throughput: float, cores_ceiling: Optional[float], other_ceiling
     return cores_ceiling < min(other_ceilings) and throughput >= 0.9 * cores_ceiling
 
 
-def _host_cure(figures: TimingFigures) -> str:
+def _host_setting(figures: TimingFigures) -> Tuple[str, str]:
+    """(the host cure as a setting to try, why it helps)."""
     steps = figures.steps_per_execution
     if steps < 32:
-        return f"set train.steps_per_execution={max(8, 4 * steps)} (fewer host round trips per step)"
-    return "use a larger train.global_batch_size (fewer steps for the same examples)"
+        return f"train.steps_per_execution={max(8, 4 * steps)}", "fewer host round trips per step"
+    return "a larger train.global_batch_size", "fewer steps for the same examples"
 
 
-def _host_setting(figures: TimingFigures) -> str:
-    """The host cure as a setting to try, for a list of cures ("train.steps_per_execution=8")."""
-    setting = _host_cure(figures).split(" (")[0]
-    return setting.removeprefix("set ").removeprefix("use ")
+def _host_cure(figures: TimingFigures) -> str:
+    setting, why = _host_setting(figures)
+    verb = "set" if "=" in setting else "use"
+    return f"{verb} {setting} ({why})"
 
 
 def _cures(figures: TimingFigures, knobs: PipelineKnobs) -> List[tuple]:
@@ -249,7 +250,7 @@ def _cures(figures: TimingFigures, knobs: PipelineKnobs) -> List[tuple]:
     input_cure = "pipeline=tuned (input stall)" if pipeline_knobs_off(knobs) else "cheaper host work per example"
     return [
         (figures.input_stall_fraction or 0.0, input_cure),
-        (figures.host_overhead_fraction or 0.0, f"{_host_setting(figures)} (host overhead)"),
+        (figures.host_overhead_fraction or 0.0, f"{_host_setting(figures)[0]} (host overhead)"),
     ]
 
 
