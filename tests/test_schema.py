@@ -163,6 +163,7 @@ def test_every_choice_list_and_its_builder_table_agree():
     """Names live in the schema, builders in their modules: adding an option to one alone fails here."""
     from bwopt import devices, models, modes, strategies, tracking
     from bwopt.data import records, service, sources, split
+    from bwopt.sweep.tune_decide import LEARNING_RATE_RULES
     from bwopt.schema import (
         CROSS_DEVICE_OPS,
         MODES,
@@ -185,7 +186,7 @@ def test_every_choice_list_and_its_builder_table_agree():
         assert set(builders) == set(SCHEMAS[group]) == set(options(group)), group
     assert set(SPLITS) == set(split.HOLD_OUTS) == set(split.SHARDINGS) == set(options("split"))
     assert set(MODES) == set(modes.MODES)
-    assert set(OPTIMIZERS) == set(models.OPTIMIZERS)
+    assert set(OPTIMIZERS) == set(models.OPTIMIZERS) == set(LEARNING_RATE_RULES)
     assert set(TFRECORD_COMPRESSIONS) == set(records.OPENERS)
     assert set(SERVICE_PROCESSING_MODES) == set(service.SHARDING_POLICIES)
     assert set(SERVICE_COMPRESSIONS) == set(service.ELEMENT_COMPRESSIONS)

@@ -10,7 +10,8 @@ MLflow parent run, the sweep report), one at a time, each with `measure.ceilings
    its reason, planned again after every revert on top of the changes kept; only settings that
    keep the examples and the math (parallelism, prefetch, cache before every random stage,
    vectorised maps, a lossless transfer dtype, interleave width, steps per execution), then,
-   only with `hydra.sweeper.allow=[precision]`, a 16-bit policy (tried past the target too);
+   only as `hydra.sweeper.allow` lets in, a 16-bit policy (`precision`) and a larger batch with
+   its learning rate scaled (`batch_size`), both tried past the target too;
 3. each proposal runs on top of the incumbent, its repeats around one more run of the incumbent
    (`rerun_incumbent`), and is kept only when it is faster beyond the noise
    (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, the

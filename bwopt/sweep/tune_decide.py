@@ -32,6 +32,14 @@ BFLOAT16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 MAX_PREFETCH = 16
 MAX_STEPS_PER_EXECUTION = 64
 HOST_OVERHEAD_SHARE = 0.2  # the verdict's threshold (bwopt.measure): above it, amortise the host's cost
+HOST_SHARE_AIM = 0.05  # what amortising the host's cost aims its share at
+# The most a larger batch multiplies the start's by (tune.allow: [batch_size]): the fewer steps an
+# epoch has, the further the optimisation moves from the start's, whatever the learning-rate rule.
+MAX_BATCH_SCALE = 4
+# How the learning rate follows the batch (k times the examples per step): linear for SGD (Goyal et
+# al. 2017, "Accurate, Large Minibatch SGD"), square root for the adaptive optimizers (Malladi et
+# al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms").
+LEARNING_RATE_RULES = {"sgd": ("linear", 1.0), "adam": ("square-root", 0.5), "rmsprop": ("square-root", 0.5)}
 PREFETCH_MEMORY_SHARE = 0.1  # of the memory budget, for prefetched batches
 MIN_PREDICTED_GAIN = 1.02  # a proposal the model expects to gain less than this is not run
 
@@ -91,6 +99,11 @@ class Profile:
         epochs: training epochs of a trial (a cache pays after the first).
         sixteen_bit: the 16-bit precision policy the device has units for (`sixteen_bit_precision`),
             None where it has none; `sixteen_bit_reason` says which.
+        optimizer, learning_rate: the start's (a larger batch scales the rate, `scaled_learning_rate`).
+        steps_per_epoch_set: the start sets train.steps_per_epoch (a larger batch then runs fewer
+            of them, so that an epoch holds the same examples); else one pass sets it.
+        warmup_steps: untimed steps at the start of an epoch (the larger of warm-up and epoch
+            warm-up): an epoch of a larger batch must keep steps beyond them.
     """
 
     stages: Tuple[Stage, ...]
@@ -106,6 +119,10 @@ class Profile:
     epochs: int = 1
     sixteen_bit: Optional[str] = None
     sixteen_bit_reason: str = ""
+    optimizer: str = "adam"
+    learning_rate: float = 0.0
+    steps_per_epoch_set: bool = False
+    warmup_steps: int = 0
 
 
 def sixteen_bit_precision(
@@ -245,8 +262,28 @@ def steps_per_execution(host_overhead_share: float, steps_per_epoch: int) -> int
     call, so N >= share / (1 - share) / 0.05 roughly; a power of two that divides the epoch."""
     if host_overhead_share < HOST_OVERHEAD_SHARE:
         return 1
-    wanted = host_overhead_share / max(1.0 - host_overhead_share, 1e-3) / 0.05
+    wanted = host_overhead_share / max(1.0 - host_overhead_share, 1e-3) / HOST_SHARE_AIM
     steps = 1
     while steps < min(wanted, MAX_STEPS_PER_EXECUTION) and (not steps_per_epoch or steps_per_epoch % (steps * 2) == 0):
         steps *= 2
     return steps
+
+
+def batch_scale_for(host_overhead_share: float) -> int:
+    """How many times the start's examples a step should take to bring the host's fixed cost per
+    step below 5 % of the step (as `steps_per_execution`, the step's own time grows with the batch
+    while the host's does not): a power of two up to `MAX_BATCH_SCALE`; 1 below the verdict's threshold."""
+    if host_overhead_share < HOST_OVERHEAD_SHARE:
+        return 1
+    wanted = host_overhead_share / max(1.0 - host_overhead_share, 1e-3) / HOST_SHARE_AIM
+    scale = 1
+    while scale < min(wanted, MAX_BATCH_SCALE):
+        scale *= 2
+    return scale
+
+
+def scaled_learning_rate(learning_rate: float, optimizer: str, scale: int) -> Tuple[float, str]:
+    """(the learning rate for `scale` times the examples per step, the rule's name): linear for SGD,
+    square root for Adam and RMSprop (`LEARNING_RATE_RULES`)."""
+    rule, power = LEARNING_RATE_RULES[optimizer]
+    return learning_rate * scale**power, rule

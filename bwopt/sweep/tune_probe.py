@@ -224,6 +224,7 @@ def probe(overrides: List[str]) -> Dict[str, object]:
     value_range = value_range() if callable(value_range) else value_range
     in_byte_range = value_range is not None and value_range[0] >= 0 and value_range[1] <= 255
     policy, policy_reason = sixteen_bit(config.device.name)
+    train = config.train
     return {
         "stages": stages,
         "batch_size": batch_size,
@@ -240,6 +241,10 @@ def probe(overrides: List[str]) -> Dict[str, object]:
         "cpu_seconds_per_batch": measured["cpu_s"] / max(measured["batches"], 1),
         "sixteen_bit": policy,
         "sixteen_bit_reason": policy_reason,
+        "optimizer": train.optimizer,
+        "learning_rate": train.learning_rate,
+        "steps_per_epoch_set": train.steps_per_epoch is not None,
+        "warmup_steps": max(train.warmup_steps, train.epoch_warmup_steps or 0),
     }
 
 

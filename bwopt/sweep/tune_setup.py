@@ -46,8 +46,9 @@ class BwoptTunerConf:
             way; every comparison then takes Pocock's per-look level for 1 + extra_rounds looks,
             so each candidate's looks together err no more often than one 95 % comparison (0 to 4).
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
-        allow: opt-in changes that alter the math: precision (a 16-bit policy where the device has
-            units for it, bwopt.sweep.tune_plan.OPT_IN); batch_size is accepted, nothing is proposed from it yet.
+        allow: opt-in changes that alter the math (bwopt.sweep.tune_changes.OPT_IN): precision (a
+            16-bit policy where the device has units for it), batch_size (a larger batch, its
+            learning rate scaled, where the host's cost per step is a large share of the step).
         memory_share: of the memory available at the start, what caches and prefetch may hold.
         probe: probe the pipeline's stages (tf.data's model) before planning; false runs the
             start alone.
@@ -134,6 +135,10 @@ def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
         epochs=picture["epochs"],
         sixteen_bit=picture.get("sixteen_bit"),
         sixteen_bit_reason=picture.get("sixteen_bit_reason", ""),
+        optimizer=picture.get("optimizer", "adam"),
+        learning_rate=picture.get("learning_rate", 0.0),
+        steps_per_epoch_set=picture.get("steps_per_epoch_set", False),
+        warmup_steps=picture.get("warmup_steps", 0),
     )
 
 

@@ -26,9 +26,11 @@ from bwopt.sweep.tune_decide import (
     Profile,
     Stage,
     UnsafeProposal,
+    batch_scale_for,
     cache_position,
     check_cache_position,
     prefetch_depth,
+    scaled_learning_rate,
     sixteen_bit_precision,
     steps_per_execution,
     water_fill,
@@ -295,3 +297,92 @@ def test_precision_is_proposed_only_when_allowed_after_every_change_that_keeps_t
     # kept, it is applied first when the plan is made again, and the rest weighed on its faster step
     again = plan(profile, budget, {}, kept=["lower precision"], allow=["precision"])
     assert again[0].overrides == {"device.precision": "mixed_bfloat16"}
+
+
+# A step of 10 ms a batch of 32, half of it the host's fixed cost; a pipeline far below it.
+STEP_BOUND = (
+    Stage("source", SOURCE, 0.0005, output_bytes_per_example=3076),
+    Stage("shuffle, repeat", SHUFFLE, 0.0002, False, True, 3076),
+    Stage("batch", BATCH, 0.0002, False, True, 3076),
+)
+
+
+def step_bound(**changes) -> Profile:
+    settings = dict(
+        stages=STEP_BOUND,
+        batch_size=32,
+        examples_per_epoch=2048,
+        step_time_s=0.010,
+        feature_bytes_per_example=3076,
+        host_overhead_share=0.5,
+        steps_per_epoch=64,
+        epochs=2,
+        optimizer="adam",
+        learning_rate=0.001,
+        warmup_steps=5,
+    )
+    return Profile(**{**settings, **changes})
+
+
+def batch_proposals(proposals):
+    return [proposal for proposal in proposals if "train.global_batch_size" in proposal.overrides]
+
+
+def test_the_learning_rate_follows_the_batch_by_its_optimizers_rule():
+    assert scaled_learning_rate(0.1, "sgd", 4) == (pytest.approx(0.4), "linear")
+    assert scaled_learning_rate(0.001, "adam", 4) == (pytest.approx(0.002), "square-root")
+    assert scaled_learning_rate(0.001, "rmsprop", 2) == (pytest.approx(0.001 * math.sqrt(2)), "square-root")
+    # the host's share below the verdict's threshold: no larger batch; above it, up to 4x
+    assert [batch_scale_for(share) for share in (0.1, 0.2, 0.5, 0.9)] == [1, 4, 4, 4]
+
+
+def test_a_larger_batch_is_proposed_only_when_allowed_where_the_host_cost_is_left():
+    profile, budget = step_bound(), Budget(2, 4e9)
+    # steps_per_execution, lossless, pays the host's cost first: no larger batch is proposed after it
+    assert not batch_proposals(plan(profile, budget, {}, allow=["batch_size"]))
+    # tried and reverted (or the start already at one step per call): the batch is what is left
+    assert not batch_proposals(plan(profile, budget, {}, rejected=["amortise host"]))
+    allowed = plan(profile, budget, {}, rejected=["amortise host"], allow=["batch_size"])
+    assert allowed[-1].overrides == {"train.global_batch_size": "128", "train.learning_rate": "0.002"}
+    assert "50% of the step" in allowed[-1].reason and "the square-root rule" in allowed[-1].reason
+    # 10 ms = 5 ms host + 5 ms compute a batch of 32; 4 batches in one step: 5 + 20 ms, 6.25 ms per 32
+    assert allowed[-1].predicted_batch_time_s == pytest.approx(0.00625)
+    sgd = plan(step_bound(optimizer="sgd"), budget, {}, rejected=["amortise host"], allow=["batch_size"])
+    assert sgd[-1].overrides["train.learning_rate"] == "0.004"
+    # where the start sets the epoch's steps, an epoch of the larger batch runs a quarter of them
+    fixed = step_bound(steps_per_epoch=48, steps_per_epoch_set=True)
+    assert plan(fixed, budget, {}, rejected=["amortise host"], allow=["batch_size"])[-1].overrides == {
+        "train.global_batch_size": "128",
+        "train.learning_rate": "0.002",
+        "train.steps_per_epoch": "12",
+    }
+    # a step of fixed cost only: nothing a larger batch could amortise
+    assert not batch_proposals(plan(step_bound(host_overhead_share=0.05), budget, {}, allow=["batch_size"]))
+
+
+@pytest.mark.parametrize(
+    "changes, start, expected",
+    [
+        ({"steps_per_epoch": 24}, {}, "128"),  # 6 steps of 128: one past the 5 warm-up steps
+        ({"steps_per_epoch": 12}, {}, "64"),  # 3 steps of 128 would all be warm-up; 6 of 64 would not
+        ({"steps_per_epoch": 8}, {}, None),  # 2 or 4 steps: none past the warm-up
+        ({"steps_per_epoch": 64, "steps_per_epoch_set": True}, {"steps_per_execution": 4}, "128"),
+        ({"steps_per_epoch": 40, "steps_per_epoch_set": True}, {"steps_per_execution": 4}, "64"),  # 10 not 4s
+        ({"steps_per_epoch": 20, "steps_per_epoch_set": True}, {"steps_per_execution": 4}, None),  # 5, 10
+    ],
+)
+def test_a_larger_batch_keeps_timed_steps_and_whole_executions(changes, start, expected):
+    profile = step_bound(**changes)
+    proposals = batch_proposals(plan(profile, Budget(2, 4e9), start, rejected=["amortise host"], allow=["batch_size"]))
+    assert [proposal.overrides["train.global_batch_size"] for proposal in proposals] == ([expected] if expected else [])
+
+
+def test_a_larger_batchs_overrides_are_a_valid_config():
+    profile = step_bound(steps_per_epoch=64, steps_per_epoch_set=True)
+    (proposal,) = batch_proposals(
+        plan(profile, Budget(2, 4e9), {"steps_per_execution": 4}, rejected=["amortise host"], allow=["batch_size"])
+    )
+    overrides = [f"{key}={value}" for key, value in proposal.overrides.items()]
+    start = ["strategy=mirrored", "device.num_cpu_devices=2", "train.steps_per_epoch=64", "train.steps_per_execution=4"]
+    config = validate(compose_config([*start, *overrides]))
+    assert (config.train.global_batch_size, config.train.steps_per_epoch) == (128, 16)

@@ -143,11 +143,14 @@ def test_extra_rounds_outside_the_looks_with_a_known_level_are_refused(value):
 
 class CeilingLauncher(ScriptedLauncher):
     """Every run at 950 examples/s against a compute ceiling of 1,000 (0.95 of it, past tune's 0.9
-    target), but 1,900 with a 16-bit policy (its step twice as fast): what each trial ran is kept."""
+    target), but 1,900 with an opt-in change (`FASTER`: a 16-bit policy, a larger batch, each making
+    the step twice as fast): what each trial ran is kept."""
+
+    FASTER = ("device.precision=mixed_bfloat16", "train.global_batch_size=256")
 
     def launch(self, job_overrides, initial_job_idx: int):
         (overrides,) = job_overrides
-        sixteen_bit = "device.precision=mixed_bfloat16" in overrides
+        sixteen_bit = any(change in overrides for change in self.FASTER)
         throughput = 1900.0 if sixteen_bit else 950.0
         folder = self.sweep_dir / str(initial_job_idx)
         folder.mkdir(parents=True)
@@ -176,17 +179,24 @@ class PlannedTuner(BwoptTuner):
         return next_proposal
 
 
-def test_past_the_ceilings_target_only_a_change_that_moves_the_ceiling_is_still_tried(tmp_path):
-    tuner = PlannedTuner(max_trials=5, repeats=1, rerun_incumbent=False, extra_rounds=0, allow=["precision"])
+@pytest.mark.parametrize(
+    "allowed, name, overrides",
+    [
+        ("precision", "lower precision", {"device.precision": "mixed_bfloat16"}),
+        ("batch_size", "enlarge batch", {"train.global_batch_size": "256", "train.learning_rate": "0.002"}),
+    ],
+)
+def test_past_the_target_only_a_change_that_moves_the_ceiling_is_still_tried(tmp_path, allowed, name, overrides):
+    tuner = PlannedTuner(max_trials=5, repeats=1, rerun_incumbent=False, extra_rounds=0, allow=[allowed])
     tuner.proposals = (
         Proposal("prefetch", {"pipeline.prefetch": "2"}, "lossless"),
-        Proposal("lower precision", {"device.precision": "mixed_bfloat16"}, "opt-in"),
+        Proposal(name, overrides, "opt-in"),
     )
     tuner.sweep_dir, tuner.probe_file = tmp_path, tmp_path / "tune_probe_start.json"
     tuner.launcher = CeilingLauncher(tmp_path, {})
     result = tuner.sweep([])
-    changed = ("pipeline.prefetch", "device.precision")
-    ran = [[item for item in overrides if item.startswith(changed)] for overrides in tuner.launcher.launched]
-    assert ran == [[], ["device.precision=mixed_bfloat16"]]  # the start, then precision; never prefetch
-    assert result["tuned"] == {"device.precision": "mixed_bfloat16"}
+    changed = ("pipeline.prefetch", *overrides)
+    ran = [[item for item in items if item.startswith(changed)] for items in tuner.launcher.launched]
+    assert ran == [[], [f"{key}={value}" for key, value in overrides.items()]]  # the start, then it; never prefetch
+    assert result["tuned"] == overrides
     assert "Stopped: reached 0.9 of the compute ceiling" in (tmp_path / "tune.md").read_text()

@@ -1,10 +1,11 @@
 """Whatever tune proposes reads the same examples as the start (tests/test_same_examples.py's check):
 every proposal of a plan applied at once, on top of pipeline=naive, with augmentation on."""
 
+import numpy as np
 import pytest
 from conftest import compose_config
-from test_same_examples import ARTIFICIAL, SYNTHETIC, check, reference  # noqa: F401 (reference: a fixture)
-from test_tune_decide import artificial_profile
+from test_same_examples import ARTIFICIAL, SYNTHETIC, check, num_train, read, reference  # noqa: F401
+from test_tune_decide import artificial_profile, step_bound
 
 from bwopt.app import validate
 from bwopt.sweep.tune_decide import BATCH, MAP, SHUFFLE, SOURCE, Budget, Profile, Stage
@@ -55,3 +56,18 @@ def test_the_file_source_proposals_read_the_same_examples(reference, epochs):  #
     overrides = all_overrides(plan(artificial_profile(config, epochs=epochs), Budget(2, 1e9), {}))
     assert overrides
     check(reference, ARTIFICIAL, "pipeline=naive", *overrides)
+
+
+def test_a_larger_batch_takes_the_same_examples_in_the_same_order(reference):  # noqa: F811
+    """tune.allow: [batch_size] changes how many examples a step takes, not which ones or in which
+    order: the start's stream, shuffled and augmented, read in steps of 64 instead of 16."""
+    profile = step_bound(batch_size=16, examples_per_epoch=160, steps_per_epoch=10, warmup_steps=1)
+    proposals = plan(profile, Budget(2, 1e9), {}, rejected=["amortise host"], allow=["batch_size"])
+    assert proposals[-1].overrides["train.global_batch_size"] == "64"  # 4x the start's 16
+    shuffled = [*SYNTHETIC, "pipeline=naive", "pipeline.shuffle_buffer=64", "train.warmup_steps=1"]
+    start = validate(compose_config(shuffled))
+    larger = validate(compose_config([*shuffled, *all_overrides(proposals)]))
+    epochs = 2 * num_train(start)
+    start_features, start_labels = read(start, epochs // start.train.global_batch_size)
+    features, labels = read(larger, epochs // larger.train.global_batch_size)
+    assert np.array_equal(labels, start_labels) and np.array_equal(features, start_features)

@@ -1,0 +1,306 @@
+"""The changes `tune` can make, each a candidate on the cost model's `State` of the pipeline.
+
+A candidate takes the state the changes before it leave, the start's `Profile` and the `Budget`
+and returns (the state after it, its overrides, a one-line reason with the numbers it came from),
+or None when it does not apply. `CANDIDATES` keep the examples and the math (vectorised maps, a
+lossless transfer dtype, parallelism by water-filling, a cache, prefetch depth, steps per
+execution); `OPT_IN` change the math and run only when tune.allow names them (a 16-bit
+precision, a larger batch). Pure: no TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the
+model, bwopt.sweep.tune_plan the order).
+"""
+
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, Optional, Tuple
+
+from bwopt.sweep.tune_decide import (
+    BATCH,
+    LEARNING_RATE_RULES,
+    MAP,
+    PREFETCH_MEMORY_SHARE,
+    SHUFFLE,
+    SIXTEEN_BIT_SPEEDUP,
+    SOURCE,
+    Budget,
+    Profile,
+    Stage,
+    batch_scale_for,
+    batch_time_s,
+    cache_position,
+    check_cache_position,
+    prefetch_depth,
+    producer_period_s,
+    scaled_learning_rate,
+    steps_per_execution,
+    sustainable_rate,
+    water_fill,
+)
+
+
+@dataclass(frozen=True)
+class State:
+    """The model of the pipeline as the proposals taken so far leave it: stage costs and the step
+    time are per batch as it now is, `batch_scale` times the start's; `host_overhead_s` is the
+    host's fixed cost in each step (fetch, dispatch, sync), which no batch size or precision changes."""
+
+    stages: Tuple[Stage, ...]
+    map_parallelism: int = 1
+    interleave_width: int = 1
+    prefetch: int = 0
+    cached: bool = False
+    vectorized: bool = False
+    uint8: bool = False
+    steps_per_execution: int = 1
+    step_time_s: float = 0.0
+    bytes_per_example: float = 0.0
+    precision: str = "float32"
+    batch_scale: int = 1
+    host_overhead_s: float = 0.0
+
+
+def threads_of(state: State) -> dict:
+    return {
+        stage.name: state.interleave_width
+        if stage.kind == SOURCE
+        else state.map_parallelism
+        if stage.kind == MAP
+        else 1
+        for stage in state.stages
+    }
+
+
+def predicted_batch_time_s(state: State, budget: Budget) -> float:
+    """Seconds per batch of the start's size (so that states with other batch sizes compare)."""
+    per_batch = batch_time_s(state.stages, threads_of(state), state.step_time_s, budget.cores, state.prefetch)
+    return per_batch / state.batch_scale
+
+
+def steps_per_epoch_of(state: State, profile: Profile) -> int:
+    return profile.steps_per_epoch // state.batch_scale
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+def cache_slot(stages) -> Optional[int]:
+    """Where bwopt's pipeline caches: after the last stage before the shuffle (bwopt.pipeline)."""
+    for index, stage in enumerate(stages):
+        if stage.kind in (SHUFFLE, BATCH):
+            return index - 1 if index else None
+    return None
+
+
+# --- candidates: each returns (new state, proposal) or None -------------------------------------
+
+
+def vectorize(state: State, profile: Profile, budget: Budget):
+    maps = [stage for stage in state.stages if stage.kind == MAP]
+    if state.vectorized or profile.vectorized_map_cost_s is None or not maps:
+        return None
+    per_element = sum(stage.cost_per_batch_s for stage in maps)
+    vectorized_cost = profile.vectorized_map_cost_s * state.batch_scale
+    kept = [stage for stage in state.stages if stage.kind != MAP]
+    batch_at = next((index for index, stage in enumerate(kept) if stage.kind == BATCH), len(kept) - 1)
+    mapped = Stage("map (vectorized)", MAP, vectorized_cost, parallel=True, random=any(s.random for s in maps))
+    stages = (*kept[: batch_at + 1], mapped, *kept[batch_at + 1 :])
+    reason = (
+        f"per-element maps {ms(per_element)} per batch of {profile.batch_size}; the same maps once per batch "
+        f"{ms(vectorized_cost)} → pipeline.vectorized_map=true (the examples stay the same)"
+    )
+    return replace(state, stages=stages, vectorized=True), {"pipeline.vectorized_map": "true"}, reason
+
+
+def transfer_uint8(state: State, profile: Profile, budget: Budget):
+    if state.uint8 or not profile.integer_features:
+        return None
+    casts = [stage for stage in state.stages if stage.name == "map (cast)"]
+    stages = tuple(stage for stage in state.stages if stage not in casts)
+    stages = tuple(
+        replace(stage, output_bytes_per_example=stage.output_bytes_per_example / 4) if stage.kind == SOURCE else stage
+        for stage in stages
+    )
+    saved = f"; the cast map ({ms(casts[0].cost_per_batch_s)} per batch) goes" if casts else ""
+    reason = (
+        "the features are integers in [0, 255]: uint8 carries them exactly, a quarter of float32's "
+        f"{profile.feature_bytes_per_example:,.0f} bytes per example{saved} → pipeline.transfer_dtype=uint8"
+    )
+    new = replace(state, stages=stages, uint8=True, bytes_per_example=state.bytes_per_example / 4)
+    return new, {"pipeline.transfer_dtype": "uint8"}, reason
+
+
+def parallelize(state: State, profile: Profile, budget: Budget):
+    threads = water_fill(state.stages, state.step_time_s, budget.cores)
+    maps = [stage for stage in state.stages if stage.kind == MAP and stage.parallel]
+    map_threads = max((threads[stage.name] for stage in maps), default=1)
+    sources = [stage for stage in state.stages if stage.kind == SOURCE and stage.parallel]
+    width = min(max((threads[stage.name] for stage in sources), default=1), max(profile.num_files, 1))
+    if (map_threads, width) == (state.map_parallelism, state.interleave_width):
+        return None
+    rate = sustainable_rate(state.stages, state.step_time_s, budget.cores)
+    overrides, parts = {}, []
+    if map_threads != state.map_parallelism and maps:
+        heaviest = max(maps, key=lambda stage: stage.cost_per_batch_s)
+        overrides["pipeline.map_parallelism"] = str(map_threads)
+        parts.append(
+            f"{heaviest.name}: {ms(heaviest.cost_per_batch_s)} per batch on one core; {budget.cores} cores shared "
+            f"with the other stages and the step ({ms(state.step_time_s)}) sustain {rate:,.1f} batches/s → "
+            f"map_parallelism {map_threads}"
+        )
+    if width != state.interleave_width and sources:
+        source = sources[0]
+        overrides["pipeline.interleave.cycle_length"] = overrides["pipeline.interleave.num_parallel_calls"] = str(width)
+        parts.append(
+            f"{source.name}: {ms(source.cost_per_batch_s)} per batch waiting on files; {rate:,.1f} batches/s needs "
+            f"{width} file(s) read at once (of {profile.num_files}) → interleave width {width}"
+        )
+    new = replace(state, map_parallelism=map_threads, interleave_width=width)
+    return new, overrides, "; ".join(parts)
+
+
+def cache(state: State, profile: Profile, budget: Budget):
+    slot = cache_slot(state.stages)
+    if state.cached or slot is None:
+        return None
+    position = cache_position(state.stages, profile.examples_per_epoch, budget.memory_bytes)
+    if position != slot:  # bwopt caches in one place only; an earlier stage would save less
+        return None
+    check_cache_position(state.stages, position)
+    held = state.stages[position].output_bytes_per_example * profile.examples_per_epoch
+    saved = sum(stage.cost_per_batch_s for stage in state.stages[: position + 1])
+    epochs = max(profile.epochs, 1)
+    stages = tuple(
+        replace(stage, cost_per_batch_s=stage.cost_per_batch_s / epochs) if index <= position else stage
+        for index, stage in enumerate(state.stages)
+    )
+    reason = (
+        f"stages up to {state.stages[position].name} are deterministic; one epoch of its output is "
+        f"{held / 2**20:,.1f} MiB of a {budget.memory_bytes / 2**20:,.0f} MiB budget → pipeline.cache=memory "
+        f"after it, saving {ms(saved)} per batch after the first of {epochs} epoch(s)"
+    )
+    return replace(state, stages=stages, cached=True), {"pipeline.cache": "memory"}, reason
+
+
+def prefetch(state: State, profile: Profile, budget: Budget):
+    threads = threads_of(state)
+    latency = sum(stage.cost_per_batch_s / threads[stage.name] for stage in state.stages)
+    period = max(producer_period_s(state.stages, threads, budget.cores), state.step_time_s)
+    batch_bytes = state.bytes_per_example * profile.batch_size * state.batch_scale
+    depth = prefetch_depth(latency, period, batch_bytes, budget.memory_bytes)
+    if depth == state.prefetch:
+        return None
+    reason = (
+        f"a batch takes {ms(latency)} through the stages and one is consumed every {ms(period)}: "
+        f"ceil({ms(latency)} / {ms(period)}) + 1 = {depth} batches ({depth * batch_bytes / 2**20:,.1f} MiB) "
+        f"in flight → prefetch {depth}"
+    )
+    return replace(state, prefetch=depth), {"pipeline.prefetch": str(depth)}, reason
+
+
+def host_share(state: State) -> float:
+    return state.host_overhead_s / state.step_time_s if state.step_time_s else 0.0
+
+
+def amortise_host(state: State, profile: Profile, budget: Budget):
+    share = host_share(state)
+    steps = steps_per_execution(share, steps_per_epoch_of(state, profile))
+    if steps <= state.steps_per_execution:
+        return None
+    # the host's fixed cost per step is paid once per call: the step time it takes shrinks by steps
+    overhead = state.host_overhead_s / steps
+    new_step = state.step_time_s - state.host_overhead_s + overhead
+    reason = (
+        f"host overhead (fetch, dispatch, sync) is {share:.0%} of the step → train.steps_per_execution={steps} "
+        "pays it once per call (the same steps, the same math)"
+    )
+    new = replace(state, steps_per_execution=steps, step_time_s=new_step, host_overhead_s=overhead)
+    return new, {"train.steps_per_execution": str(steps)}, reason
+
+
+CANDIDATES: Tuple[Callable, ...] = (vectorize, transfer_uint8, parallelize, cache, prefetch, amortise_host)
+
+
+def lower_precision(state: State, profile: Profile, budget: Budget):
+    """A 16-bit policy for the step, where the device has units for it: it changes the math, so it
+    is proposed only with `tune.allow: [precision]`, after every change that keeps the math."""
+    if state.precision != "float32" or not profile.sixteen_bit:
+        return None
+    step = state.host_overhead_s + (state.step_time_s - state.host_overhead_s) / SIXTEEN_BIT_SPEEDUP
+    reason = (
+        f"{profile.sixteen_bit_reason}: the step ({ms(state.step_time_s)} per batch) at best "
+        f"{ms(step)} → device.precision={profile.sixteen_bit} (changes the math: allowed by tune.allow; kept "
+        "only if faster and val_accuracy within the tolerance)"
+    )
+    new = replace(state, precision=profile.sixteen_bit, step_time_s=step)
+    return new, {"device.precision": profile.sixteen_bit}, reason
+
+
+def enlarge_batch(state: State, profile: Profile, budget: Budget):
+    """A larger global batch, where the host's fixed cost per step is a share of the step that the
+    batch amortises (`batch_scale`); the learning rate follows its optimizer's rule and, where the
+    start sets train.steps_per_epoch, an epoch runs fewer steps of the same examples. Only with
+    `tune.allow: [batch_size]`: the model then takes fewer, larger steps. Not proposed when an epoch
+    would keep no step beyond its warm-up, or would not be whole executions of
+    train.steps_per_execution; the model counts only the host's share, not what a fuller device gains."""
+    if state.batch_scale != 1 or not profile.learning_rate or profile.optimizer not in LEARNING_RATE_RULES:
+        return None
+    share = host_share(state)
+    scale = batch_scale_for(share)
+    while scale > 1 and not batch_fits(state, profile, budget, scale):
+        scale //= 2
+    if scale == 1:
+        return None
+    batch = profile.batch_size * scale
+    rate, rule = scaled_learning_rate(profile.learning_rate, profile.optimizer, scale)
+    steps = profile.steps_per_epoch // scale
+    overrides = {"train.global_batch_size": str(batch), "train.learning_rate": f"{rate:.6g}"}
+    if profile.steps_per_epoch_set:
+        overrides["train.steps_per_epoch"] = str(steps)
+    compute = state.step_time_s - state.host_overhead_s
+    stages = tuple(replace(stage, cost_per_batch_s=stage.cost_per_batch_s * scale) for stage in state.stages)
+    new = replace(state, stages=stages, batch_scale=scale, step_time_s=state.host_overhead_s + compute * scale)
+    reason = (
+        f"host overhead (fetch, dispatch, sync) is {share:.0%} of the step, paid once per step → "
+        f"train.global_batch_size={batch} ({scale}× the examples per step, {steps} steps per epoch), "
+        f"train.learning_rate={rate:.6g} ({profile.optimizer}: the {rule} rule) (changes the math: allowed by "
+        "tune.allow; kept only if faster and val_accuracy within the tolerance)"
+    )
+    return new, overrides, reason
+
+
+def batch_fits(state: State, profile: Profile, budget: Budget, scale: int) -> bool:
+    """`scale` times the batch leaves every epoch steps beyond its warm-up, whole executions of
+    train.steps_per_execution where the start sets the epoch's steps, and prefetched batches in
+    their share of the memory."""
+    steps = profile.steps_per_epoch // scale
+    if profile.steps_per_epoch_set and (profile.steps_per_epoch % scale or steps % state.steps_per_execution):
+        return False
+    per_call = state.steps_per_execution
+    timed_calls = steps // per_call - -(-profile.warmup_steps // per_call)  # as bwopt.inputs.step_plan counts
+    in_flight = max(state.prefetch, 1) * state.bytes_per_example * profile.batch_size * scale
+    return timed_calls > 0 and in_flight <= budget.memory_bytes * PREFETCH_MEMORY_SHARE
+
+
+# tune.allow's names -> the candidates they let in (weighed in tune.allow's order).
+OPT_IN: Dict[str, Callable] = {"precision": lower_precision, "batch_size": enlarge_batch}
+
+
+def initial_state(profile: Profile, start: dict) -> State:
+    """The model of the start: `start` holds the knobs it ran with (map_parallelism, prefetch, ...)."""
+    return State(
+        stages=tuple(profile.stages),
+        map_parallelism=start.get("map_parallelism", 1),
+        interleave_width=start.get("interleave_width", 1),
+        prefetch=start.get("prefetch", 0),
+        cached=start.get("cached", False),
+        vectorized=start.get("vectorized", False),
+        uint8=start.get("uint8", False),
+        steps_per_execution=start.get("steps_per_execution", 1),
+        step_time_s=profile.step_time_s,
+        bytes_per_example=profile.feature_bytes_per_example,
+        precision=start.get("precision", "float32"),
+        host_overhead_s=profile.step_time_s * profile.host_overhead_share,
+    )
+
+
+def candidate_name(candidate: Callable) -> str:
+    return candidate.__name__.replace("_", " ")
