@@ -260,7 +260,8 @@ def enlarge_batch(state: State, profile: Profile, budget: Budget):
     new = replace(state, stages=stages, batch_scale=scale, step_time_s=state.host_overhead_s + compute * scale)
     reason = (
         f"host overhead (fetch, dispatch, sync) is {share:.0%} of the step, paid once per step → "
-        f"train.global_batch_size={batch} ({scale}× the examples per step, {steps} steps per epoch), "
+        f"train.global_batch_size={batch} ({scale}× the examples per step, {steps} steps per epoch; the model "
+        "counts only the host's share), "
         f"train.learning_rate={rate:.6g} ({profile.optimizer}: the {rule} rule) (changes the math: allowed by "
         "tune.allow; kept only if faster and val_accuracy within the tolerance)"
     )

@@ -78,7 +78,7 @@ def plan(
             continue
         state, overrides, reason = outcome
         predicted = predicted_batch_time_s(state, budget)
-        proposals.append(Proposal(name, overrides, f"{reason} (model, at best: ×{current / predicted:.2f})", predicted))
+        proposals.append(Proposal(name, overrides, f"{reason} (model: ×{current / predicted:.2f})", predicted))
     return proposals
 
 
