@@ -163,7 +163,6 @@ def test_every_choice_list_and_its_builder_table_agree():
     """Names live in the schema, builders in their modules: adding an option to one alone fails here."""
     from bwopt import devices, models, modes, strategies, tracking
     from bwopt.data import records, service, sources, split
-    from bwopt.sweep.tune_decide import LEARNING_RATE_RULES
     from bwopt.schema import (
         CROSS_DEVICE_OPS,
         MODES,
@@ -174,6 +173,7 @@ def test_every_choice_list_and_its_builder_table_agree():
         SPLITS,
         TFRECORD_COMPRESSIONS,
     )
+    from bwopt.sweep.tune_decide import LEARNING_RATE_RULES
 
     groups = {
         "data": {**sources.ARRAY_SOURCES, **sources.FILE_SOURCES},

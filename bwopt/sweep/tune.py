@@ -9,9 +9,9 @@ MLflow parent run, the sweep report), one at a time, each with `measure.ceilings
 2. the proposals (bwopt.sweep.tune_plan): greedy by the gain the cost model predicts, each with
    its reason, planned again after every revert on top of the changes kept; only settings that
    keep the examples and the math (parallelism, prefetch, cache before every random stage,
-   vectorised maps, a lossless transfer dtype, interleave width, steps per execution), then,
-   only as `hydra.sweeper.allow` lets in, a 16-bit policy (`precision`) and a larger batch with
-   its learning rate scaled (`batch_size`), both tried past the target too;
+   vectorised maps, a lossless transfer dtype, interleave width, steps per execution, batches
+   fetched to a GPU), then, only as `hydra.sweeper.allow` lets in, a 16-bit policy (`precision`)
+   and a larger batch with its learning rate scaled (`batch_size`), both tried past the target too;
 3. each proposal runs on top of the incumbent, its repeats around one more run of the incumbent
    (`rerun_incumbent`), and is kept only when it is faster beyond the noise
    (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, the

@@ -4,9 +4,9 @@ A candidate takes the state the changes before it leave, the start's `Profile` a
 and returns (the state after it, its overrides, a one-line reason with the numbers it came from),
 or None when it does not apply. `CANDIDATES` keep the examples and the math (vectorised maps, a
 lossless transfer dtype, parallelism by water-filling, a cache, prefetch depth, steps per
-execution); `OPT_IN` change the math and run only when tune.allow names them (a 16-bit
-precision, a larger batch). Pure: no TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the
-model, bwopt.sweep.tune_plan the order).
+execution, batches fetched to an accelerator); `OPT_IN` change the math and run only when
+tune.allow names them (a 16-bit precision, a larger batch). Pure: no TensorFlow, no Hydra
+(bwopt.sweep.tune_decide holds the model, bwopt.sweep.tune_plan the order).
 """
 
 from dataclasses import dataclass, replace
@@ -55,6 +55,7 @@ class State:
     precision: str = "float32"
     batch_scale: int = 1
     host_overhead_s: float = 0.0
+    fetched: bool = True
 
 
 def threads_of(state: State) -> dict:
@@ -216,7 +217,35 @@ def amortise_host(state: State, profile: Profile, budget: Budget):
     return new, {"train.steps_per_execution": str(steps)}, reason
 
 
-CANDIDATES: Tuple[Callable, ...] = (vectorize, transfer_uint8, parallelize, cache, prefetch, amortise_host)
+def fetch_to_device(state: State, profile: Profile, budget: Budget):
+    """On an accelerator whose batches arrive in host memory (`pipeline.distribute.fetch_to_device`
+    false), each step starts with its batch's copy; fetched, the copy of the next batch runs while
+    this one trains (tf.distribute.InputOptions) on the copy engine, not a core."""
+    if state.fetched or profile.device == "cpu" or not profile.device_copy_s:
+        return None
+    copy = profile.device_copy_s * state.batch_scale
+    batch_bytes = state.bytes_per_example * profile.batch_size * state.batch_scale
+    reason = (
+        f"batches of {batch_bytes / 2**20:,.1f} MiB arrive in host memory and each step first copies its own to "
+        f"the {profile.device.upper()} ({ms(copy)} at the bandwidth measured) → "
+        "pipeline.distribute.fetch_to_device=true copies the next batch while this one trains (the same examples, "
+        "the same math)"
+    )
+    # the distributed iterator's buffer on the device (per_replica_buffer_size) overlaps the copy
+    # with the step before, so it bounds the step only where it takes longer than the step's compute
+    new = replace(state, fetched=True, step_time_s=max(state.step_time_s - copy, copy))
+    return new, {"pipeline.distribute.fetch_to_device": "true"}, reason
+
+
+CANDIDATES: Tuple[Callable, ...] = (
+    vectorize,
+    transfer_uint8,
+    parallelize,
+    cache,
+    prefetch,
+    amortise_host,
+    fetch_to_device,
+)
 
 
 def lower_precision(state: State, profile: Profile, budget: Budget):
@@ -286,7 +315,10 @@ OPT_IN: Dict[str, Callable] = {"precision": lower_precision, "batch_size": enlar
 
 
 def initial_state(profile: Profile, start: dict) -> State:
-    """The model of the start: `start` holds the knobs it ran with (map_parallelism, prefetch, ...)."""
+    """The model of the start: `start` holds the knobs it ran with (map_parallelism, prefetch, ...).
+    The step is the compute ceiling's, which times batches already on the device: where they arrive
+    in host memory (`fetch_to_device` false) each step also copies its own."""
+    fetched = start.get("fetch_to_device", True)
     return State(
         stages=tuple(profile.stages),
         map_parallelism=start.get("map_parallelism", 1),
@@ -296,10 +328,11 @@ def initial_state(profile: Profile, start: dict) -> State:
         vectorized=start.get("vectorized", False),
         uint8=start.get("uint8", False),
         steps_per_execution=start.get("steps_per_execution", 1),
-        step_time_s=profile.step_time_s,
+        step_time_s=profile.step_time_s + (0.0 if fetched else profile.device_copy_s),
         bytes_per_example=profile.feature_bytes_per_example,
         precision=start.get("precision", "float32"),
         host_overhead_s=profile.step_time_s * profile.host_overhead_share,
+        fetched=fetched,
     )
 
 

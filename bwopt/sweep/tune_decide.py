@@ -104,6 +104,9 @@ class Profile:
             of them, so that an epoch holds the same examples); else one pass sets it.
         warmup_steps: untimed steps at the start of an epoch (the larger of warm-up and epoch
             warm-up): an epoch of a larger batch must keep steps beyond them.
+        device: the start's device target (cpu, gpu, tpu).
+        device_copy_s: a batch's copy from host memory to the accelerator at the bandwidth the
+            probe measured; 0 where none was measured (a CPU target: nothing to copy).
     """
 
     stages: Tuple[Stage, ...]
@@ -123,6 +126,8 @@ class Profile:
     learning_rate: float = 0.0
     steps_per_epoch_set: bool = False
     warmup_steps: int = 0
+    device: str = "cpu"
+    device_copy_s: float = 0.0
 
 
 def sixteen_bit_precision(

@@ -1,14 +1,14 @@
 """The order in which `tune` tries its changes: greedy by the gain the cost model predicts.
 
 From the start's `Profile` every candidate change (vectorised maps, a lossless transfer dtype,
-parallelism by water-filling, a cache, prefetch depth, steps per execution) is applied to the
-model in turn; the one with the largest predicted gain is taken, the model updated, and the rest
-weighed again on top of it, until no candidate is predicted to gain `MIN_PREDICTED_GAIN`; then
-the changes to the math that tune.allow lets in (`OPT_IN`: a 16-bit precision, a larger batch). Each
-proposal carries its overrides and a one-line reason with the numbers it came from. Pure: no
-TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the model, bwopt.sweep.tune_changes the
-candidates). `busy_cores_reason` says which
-proposals a measured trial leaves no room for.
+parallelism by water-filling, a cache, prefetch depth, steps per execution, batches fetched to
+an accelerator) is applied to the model in turn; the one with the largest predicted gain is
+taken, the model updated, and the rest weighed again on top of it, until no candidate is
+predicted to gain `MIN_PREDICTED_GAIN`; then the changes to the math that tune.allow lets in
+(`OPT_IN`: a 16-bit precision, a larger batch). Each proposal carries its overrides and a
+one-line reason with the numbers it came from. Pure: no TensorFlow, no Hydra
+(bwopt.sweep.tune_decide holds the model, bwopt.sweep.tune_changes the candidates).
+`busy_cores_reason` says which proposals a measured trial leaves no room for.
 """
 
 from typing import TYPE_CHECKING, List, Optional, Sequence

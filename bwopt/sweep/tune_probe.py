@@ -181,6 +181,37 @@ def sixteen_bit(device: str):
     return sixteen_bit_precision(device, cpu_flags() if device == "cpu" else (), capability)
 
 
+def device_copy_bandwidth_bytes_per_s(device_name: str, num_bytes: int = 64 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second from host memory to `device_name`: a uint8 tensor of `num_bytes` in host
+    memory copied there (`tf.identity` under the device), `repeats` times, the fastest counting;
+    each copy waits for its last byte (one element read back). One untimed copy first (allocation)."""
+    import numpy as np
+    import tensorflow as tf
+
+    with tf.device("/CPU:0"):
+        host = tf.constant(np.ones(num_bytes, dtype=np.uint8))
+    fastest_s = float("inf")
+    for attempt in range(repeats + 1):
+        started = time.perf_counter()
+        with tf.device(device_name):
+            copied = tf.identity(host)
+            copied[-1:].numpy()
+        if attempt:
+            fastest_s = min(fastest_s, time.perf_counter() - started)
+    return num_bytes / fastest_s
+
+
+def device_copy_s(device: str, batch_bytes: float) -> float:
+    """Seconds a batch takes from host memory to the first GPU; 0 on a CPU target (no copy) and on
+    a TPU (its host-to-device path is not timed)."""
+    if device != "gpu":
+        return 0.0
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    return batch_bytes / device_copy_bandwidth_bytes_per_s(gpus[0].name) if gpus else 0.0
+
+
 def probe(overrides: List[str]) -> Dict[str, object]:
     """The per-stage picture of the training pipeline these overrides configure."""
     from hydra import compose, initialize_config_dir
@@ -245,6 +276,8 @@ def probe(overrides: List[str]) -> Dict[str, object]:
         "learning_rate": train.learning_rate,
         "steps_per_epoch_set": train.steps_per_epoch is not None,
         "warmup_steps": max(train.warmup_steps, train.epoch_warmup_steps or 0),
+        "device": config.device.name,
+        "device_copy_s": device_copy_s(config.device.name, input_plan.bytes_per_example * batch_size),
     }
 
 

@@ -111,6 +111,7 @@ def start_knobs(config: DictConfig, cores: int) -> Dict[str, Any]:
         "uint8": pipeline.transfer_dtype == "uint8",
         "steps_per_execution": int(config.train.steps_per_execution),
         "precision": config.device.precision,
+        "fetch_to_device": bool(pipeline.distribute.fetch_to_device),
     }
 
 
@@ -139,6 +140,8 @@ def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
         learning_rate=picture.get("learning_rate", 0.0),
         steps_per_epoch_set=picture.get("steps_per_epoch_set", False),
         warmup_steps=picture.get("warmup_steps", 0),
+        device=picture.get("device", "cpu"),
+        device_copy_s=picture.get("device_copy_s", 0.0),
     )
 
 

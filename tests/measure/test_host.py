@@ -83,6 +83,23 @@ def test_peak_device_memory_grows_by_a_known_allocation(devices):
     assert peaks[gpu] >= before + tensor.shape[0]
 
 
+@pytest.mark.gpu
+def test_the_copy_to_a_gpu_runs_at_a_bus_bandwidth_whatever_its_size(devices):
+    """tune's probe times a batch's copy to the GPU (pipeline.distribute.fetch_to_device): a bus's
+    bandwidth (PCIe to NVLink-C2C), the same for 16 and 64 MiB within a factor of two."""
+    import tensorflow as tf
+
+    from bwopt.sweep.tune_probe import device_copy_bandwidth_bytes_per_s
+
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("no GPU: tf.config.list_physical_devices('GPU') is empty")
+    gpu = tf.config.list_logical_devices("GPU")[0].name
+    large = device_copy_bandwidth_bytes_per_s(gpu, 64 * MiB)
+    small = device_copy_bandwidth_bytes_per_s(gpu, 16 * MiB)
+    assert 1e9 < large < 1e12
+    assert 0.5 < small / large < 2
+
+
 @pytest.mark.parametrize(
     "files, expected",
     [

@@ -12,6 +12,7 @@ seconds. Pure functions: no TensorFlow, no process.
 import itertools
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from conftest import compose_config
@@ -48,6 +49,7 @@ SAME_EXAMPLES_KEYS = {
     "pipeline.interleave.cycle_length",
     "pipeline.interleave.num_parallel_calls",
     "train.steps_per_execution",
+    "pipeline.distribute.fetch_to_device",
 }
 
 
@@ -386,3 +388,17 @@ def test_a_larger_batchs_overrides_are_a_valid_config():
     start = ["strategy=mirrored", "device.num_cpu_devices=2", "train.steps_per_epoch=64", "train.steps_per_execution=4"]
     config = validate(compose_config([*start, *overrides]))
     assert (config.train.global_batch_size, config.train.steps_per_epoch) == (128, 16)
+
+
+def test_batches_in_host_memory_are_fetched_to_the_accelerator_only_there():
+    # a GPU step of 10 ms on batches already there, and 4 ms more to copy each batch in the step
+    gpu = step_bound(device="gpu", device_copy_s=0.004, host_overhead_share=0.0)
+    budget = Budget(2, 4e9)
+    (proposal,) = plan(gpu, budget, {"fetch_to_device": False, "prefetch": 2})
+    assert proposal.overrides == {"pipeline.distribute.fetch_to_device": "true"}
+    assert "0.1 MiB arrive in host memory" in proposal.reason and "4.0 ms" in proposal.reason
+    assert proposal.predicted_batch_time_s == pytest.approx(0.010)  # the copy overlaps the next step
+    # already fetched; a CPU target, where there is no copy; a GPU whose copy was not measured
+    cpu, unmeasured = step_bound(host_overhead_share=0.0), replace(gpu, device_copy_s=0.0)
+    for profile, fetched in ((gpu, True), (cpu, False), (unmeasured, False)):
+        assert plan(profile, budget, {"fetch_to_device": fetched, "prefetch": 2}) == []
