@@ -89,6 +89,14 @@ def test_file_sources_cannot_be_stratified_and_tfrecord_needs_its_files():
         validate(compose_config(["data=tfrecord", "split=uniform"]))
 
 
+def test_parameter_server_steps_run_one_per_closure():
+    # the coordinator schedules one step per closure: N steps per execution would train 1/N of each epoch
+    ps = ["strategy=parameter_server", "cluster=local"]
+    with pytest.raises(ConfigError, match="train.steps_per_execution=4 with strategy=parameter_server.*use 1"):
+        validate(compose_config([*ps, "train.steps_per_execution=4"]))
+    assert validate(compose_config(ps)).train.steps_per_execution == 1
+
+
 def test_tpu_strategy_needs_tpu_device():
     with pytest.raises(ConfigError, match="strategy=tpu needs device=tpu"):
         validate(compose_config(["strategy=tpu"]))

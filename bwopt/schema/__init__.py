@@ -198,6 +198,11 @@ def check_valid_combination(config: Config) -> None:
             f"strategy={config.strategy.name} with device={config.device.name}: "
             "strategy=tpu needs device=tpu and device=tpu needs strategy=tpu"
         )
+    if config.strategy.name == "parameter_server" and config.train.steps_per_execution > 1:
+        raise ConfigError(
+            f"train.steps_per_execution={config.train.steps_per_execution} with strategy=parameter_server: "
+            "each scheduled closure runs one step on a worker; use 1"
+        )
     if config.device.name == "cpu" and config.device.precision == "mixed_float16":
         raise ConfigError(
             "device.precision='mixed_float16' is slow and unsupported on CPU; "

@@ -202,6 +202,8 @@ def host_share(state: State) -> float:
 
 
 def amortise_host(state: State, profile: Profile, budget: Budget):
+    if profile.strategy == "parameter_server":  # one step per scheduled closure (bwopt.coordinated)
+        return None
     share = host_share(state)
     steps = steps_per_execution(share, steps_per_epoch_of(state, profile))
     if steps <= state.steps_per_execution:

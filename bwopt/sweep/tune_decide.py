@@ -105,6 +105,8 @@ class Profile:
         warmup_steps: untimed steps at the start of an epoch (the larger of warm-up and epoch
             warm-up): an epoch of a larger batch must keep steps beyond them.
         device: the start's device target (cpu, gpu, tpu).
+        strategy: the start's tf.distribute strategy (parameter_server runs one step per closure:
+            no steps per execution).
         device_copy_s: a batch's copy from host memory to the accelerator at the bandwidth the
             probe measured; 0 where none was measured (a CPU target: nothing to copy).
     """
@@ -128,6 +130,7 @@ class Profile:
     warmup_steps: int = 0
     device: str = "cpu"
     device_copy_s: float = 0.0
+    strategy: str = "default"
 
 
 def sixteen_bit_precision(

@@ -277,6 +277,7 @@ def probe(overrides: List[str]) -> Dict[str, object]:
         "steps_per_epoch_set": train.steps_per_epoch is not None,
         "warmup_steps": max(train.warmup_steps, train.epoch_warmup_steps or 0),
         "device": config.device.name,
+        "strategy": config.strategy.name,
         "device_copy_s": device_copy_s(config.device.name, input_plan.bytes_per_example * batch_size),
     }
 

@@ -142,6 +142,7 @@ def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
         warmup_steps=picture.get("warmup_steps", 0),
         device=picture.get("device", "cpu"),
         device_copy_s=picture.get("device_copy_s", 0.0),
+        strategy=picture.get("strategy", "default"),
     )
 
 

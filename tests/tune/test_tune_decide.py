@@ -358,6 +358,9 @@ def test_a_larger_batch_is_proposed_only_when_allowed_where_the_host_cost_is_lef
         "train.learning_rate": "0.002",
         "train.steps_per_epoch": "12",
     }
+    # parameter_server runs one step per closure: the larger batch is what amortises the host there
+    ps = plan(step_bound(strategy="parameter_server"), budget, {"prefetch": 2}, allow=["batch_size"])
+    assert [proposal.name for proposal in ps] == ["enlarge batch"]
     # a step of fixed cost only: nothing a larger batch could amortise
     assert not batch_proposals(plan(step_bound(host_overhead_share=0.05), budget, {}, allow=["batch_size"]))
 
