@@ -105,8 +105,8 @@ def vectorize(state: State, profile: Profile, budget: Budget):
     mapped = Stage("map (vectorized)", MAP, vectorized_cost, parallel=True, random=any(s.random for s in maps))
     stages = (*kept[: batch_at + 1], mapped, *kept[batch_at + 1 :])
     reason = (
-        f"per-element maps {ms(per_element)} per batch of {profile.batch_size}; the same maps once per batch "
-        f"{ms(vectorized_cost)} → pipeline.vectorized_map=true (the examples stay the same)"
+        f"per-element maps {ms(per_element)} per batch of {profile.batch_size * state.batch_scale}; the same maps "
+        f"once per batch {ms(vectorized_cost)} → pipeline.vectorized_map=true (the examples stay the same)"
     )
     return replace(state, stages=stages, vectorized=True), {"pipeline.vectorized_map": "true"}, reason
 
@@ -267,7 +267,7 @@ def lower_precision(state: State, profile: Profile, budget: Budget):
 
 def enlarge_batch(state: State, profile: Profile, budget: Budget):
     """A larger global batch, where the host's fixed cost per step is a share of the step that the
-    batch amortises (`batch_scale`); the learning rate follows its optimizer's rule and, where the
+    batch amortises (`batch_scale_for`); the learning rate follows its optimizer's rule and, where the
     start sets train.steps_per_epoch, an epoch runs fewer steps of the same examples. Only with
     `tune.allow: [batch_size]`: the model then takes fewer, larger steps. Not proposed when an epoch
     would keep no step beyond its warm-up, or would not be whole executions of
