@@ -39,7 +39,6 @@ callbacks), the report of the whole sweep folder is written (bwopt.sweep.report)
 `tracking=mlflow`, logged to the sweep's parent run (bwopt.tracking.sweeps).
 """
 
-import copy
 import json
 import logging
 import os
@@ -198,22 +197,17 @@ class ProcessPerJobLauncher(Launcher):
         """Validate every job's config (bwopt's schema, no TensorFlow) before the first one starts, and
         report every bad one at once: a bad value must not cancel a sweep half-way, or be found only
         after other jobs trained. Only for bwopt's own task (tests launch tasks of their own)."""
-        from bwopt.app import run_job, validate
-        from bwopt.schema import ConfigError
+        from bwopt.sweep.sweeper import refusal, runs_bwopt
 
-        if getattr(self.task_function, "__wrapped__", self.task_function) is not run_job:
+        if not runs_bwopt(self.task_function):
             return
         bad = []
         for job in jobs:
             if job.repeat:
                 continue  # the same overrides as in the first round
-            config = copy.deepcopy(job.config)
-            with open_dict(config):
-                del config["hydra"]
-            try:
-                validate(config)
-            except ConfigError as error:
-                bad.append(f"  job {job.num} ({' '.join(job.overrides) or 'no overrides'}): {error}")
+            why = refusal(job.config)
+            if why is not None:
+                bad.append(f"  job {job.num} ({' '.join(job.overrides) or 'no overrides'}): {why}")
         if bad:
             print(f"bwopt: invalid config in {len(bad)} of the sweep's jobs; none was started:", file=sys.stderr)
             print("\n".join(bad), file=sys.stderr, flush=True)

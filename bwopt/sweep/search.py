@@ -11,7 +11,15 @@ sweeper setting, is one line and exit 2, before anything runs. A new study's fir
 configured settings (the start), when every searched key has a value in its range.
 
 Each batch of `n_jobs` trials is asked of the study, launched (bwopt's launcher: each a fresh
-process, a child run of the search's parent run; job folder n is trial n), and told its values.
+process, a child run of the search's parent run; job folder n is trial n, its `job_folder`), and
+told its values. Before a trial is launched, bwopt's schema checks its configuration (no
+TensorFlow): a searched value that is refused only beside others (`pipeline.vectorized_map=true`
+where `pipeline.preprocess=imagenet`) is not run. That trial is told PRUNED with the reason (its
+`refused` attribute; TPE ranks pruned trials below every finished one and learns to sample
+elsewhere), logged in one line, counted as `num_refused` in search.yaml and replaced: `n_trials`
+counts trials that ran. A refused trial inside a batch of several shifts its batch's later folders
+down by one. After 100 refusals in a row the search stops: an error (exit 2) when nothing has
+run, else a warning and the search's result so far.
 A value is read from the trial's job: `throughput_examples_per_s`, the app's objective, is the
 job's return value (the launcher's median over repeats); any other name is looked up in the job
 folder's summary.json (`figures`, `measurements`, `final_metrics`, e.g. `val_accuracy`,
@@ -53,7 +61,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from bwopt.schema import SweepConfig
 from bwopt.sweep.results import read_job, read_summary, summary_value
-from bwopt.sweep.search_start import REPEATS, START, TASK_OBJECTIVE, against_start, repeat_folders
+from bwopt.sweep.search_start import (
+    ACCURACY,
+    REPEATS,
+    START,
+    TASK_OBJECTIVE,
+    against_start,
+    best_trials,
+    learned_worse,
+    repeat_folders,
+)
 from bwopt.sweep.space import (  # noqa: F401 (distribution: part of this module's interface)
     SearchConfigError,
     configured_params,
@@ -62,11 +79,13 @@ from bwopt.sweep.space import (  # noqa: F401 (distribution: part of this module
     search_space,
     trial_overrides,
 )
-from bwopt.sweep.sweeper import prepare_sweep
+from bwopt.sweep.sweeper import prepare_sweep, refusal_of, runs_bwopt
 
 log = logging.getLogger(__name__)
 
-ACCURACY = "val_accuracy"  # the constraint's figure (final_metrics of summary.json)
+REFUSED = "refused"  # a trial's user attribute: why the schema refused its configuration
+# Sampled configurations the schema may refuse in a row before the search gives up on its space.
+MAX_REFUSED_IN_A_ROW = 100
 DIRECTIONS = ("maximize", "minimize")
 
 
@@ -155,34 +174,6 @@ def trial_values(result: JobReturn, objectives: Sequence[str]) -> Tuple[Optional
     return values, ""
 
 
-def learned_worse(trials: Sequence, tolerance: float) -> List:
-    """The trials whose recorded val_accuracy is more than `tolerance` below the best of `trials`."""
-    accuracies = {trial.number: trial.user_attrs.get(ACCURACY) for trial in trials}
-    best = max((accuracy for accuracy in accuracies.values() if accuracy is not None), default=None)
-    # the margin keeps a difference of exactly the tolerance from rounding into a flag
-    return [
-        trial
-        for trial in trials
-        if None not in (best, accuracies[trial.number]) and best - accuracies[trial.number] > tolerance + 1e-9
-    ]
-
-
-def best_trials(trials: Sequence, directions: Sequence[str]) -> List:
-    """One best trial (the first of a tie) for one objective; the Pareto front for several."""
-    signs = [1.0 if direction == "maximize" else -1.0 for direction in directions]
-
-    def score(trial) -> List[float]:
-        return [sign * value for sign, value in zip(signs, trial.values)]
-
-    if len(directions) == 1:
-        return [max(trials, key=lambda trial: (score(trial)[0], -trial.number))] if trials else []
-
-    def dominates(other, trial) -> bool:
-        return all(a >= b for a, b in zip(score(other), score(trial))) and score(other) != score(trial)
-
-    return [trial for trial in trials if not any(dominates(other, trial) for other in trials)]
-
-
 class OptunaSearch(Sweeper):
     """The sweeper behind `hydra/sweeper=bwopt_optuna` (Hydra instantiates its subclass in hydra_plugins)."""
 
@@ -194,16 +185,21 @@ class OptunaSearch(Sweeper):
             print(f"bwopt: invalid config: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.checks_schema = False  # bwopt's own task: each sampled configuration is validated first
         self.accuracy_tolerance = SweepConfig().accuracy_tolerance  # sweep.accuracy_tolerance, read in setup
         self.launcher = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config = config
+        self.config, self.hydra_context = config, hydra_context
+        self.checks_schema = runs_bwopt(task_function)
         self.accuracy_tolerance, self.launcher = prepare_sweep(
             config, hydra_context, task_function, parent_name=f"search {self.settings.study_name}"
         )
 
     def sweep(self, arguments: List[str]) -> Any:
+        from optuna.trial import TrialState
+
         settings = self.settings
         try:
             fixed, space = search_space(settings.params, arguments)
@@ -218,8 +214,14 @@ class OptunaSearch(Sweeper):
             f"Study '{settings.study_name}' ({len(study.trials)} trials so far): {settings.n_trials} more, "
             f"{' '.join(f'{d} {o}' for o, d in zip(settings.objectives, settings.directions))}"
         )
-        for first in range(0, settings.n_trials, settings.n_jobs):
-            self._run_batch(study, fixed, space, min(settings.n_jobs, settings.n_trials - first))
+        try:
+            for first in range(0, settings.n_trials, settings.n_jobs):
+                self._run_batch(study, fixed, space, min(settings.n_jobs, settings.n_trials - first))
+        except SearchConfigError as error:
+            if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                print(f"bwopt: invalid config: {error}", file=sys.stderr)
+                raise SystemExit(2) from None
+            log.warning(f"search stopped: {error}")
         return self._finish(study)
 
     def _study(self):
@@ -256,13 +258,35 @@ class OptunaSearch(Sweeper):
         if params is not None:
             study.enqueue_trial(params, user_attrs={START: True})
 
-    def _run_batch(self, study, fixed: List[str], space: Dict[str, Any], size: int) -> None:
+    def _ask(self, study, fixed: List[str], space: Dict[str, Any]):
+        """The next trial whose configuration bwopt's schema accepts (checked without TensorFlow).
+
+        A searched value can be refused only beside others (`pipeline.vectorized_map=true` with
+        `pipeline.preprocess=imagenet`): such a trial is not run, it is told PRUNED with the reason
+        (TPE ranks pruned trials below every finished one, so it learns to sample elsewhere) and
+        another is asked; it does not count toward `n_trials`."""
         from optuna.trial import TrialState
 
-        trials = [study.ask(space) for _ in range(size)]
-        overrides = [trial_overrides(fixed, trial.params) for trial in trials]
-        for trial, trial_override in zip(trials, overrides):
-            trial.set_user_attr("overrides", trial_override)
+        for _ in range(MAX_REFUSED_IN_A_ROW):
+            trial = study.ask(space)
+            overrides = trial_overrides(fixed, trial.params)
+            trial.set_user_attr("overrides", overrides)
+            why = refusal_of(self.hydra_context, self.config, overrides) if self.checks_schema else None
+            if why is None:
+                return trial
+            trial.set_user_attr(REFUSED, why)
+            study.tell(trial, state=TrialState.PRUNED)
+            log.warning(f"trial {trial.number} not run, its configuration refused: {why}")
+        raise SearchConfigError(
+            f"{MAX_REFUSED_IN_A_ROW} sampled configurations in a row were refused, the last: {why}; "
+            "narrow the search space"
+        )
+
+    def _run_batch(self, study, fixed: List[str], space: Dict[str, Any], size: int) -> None:
+        trials = [self._ask(study, fixed, space) for _ in range(size)]
+        overrides = [trial.user_attrs["overrides"] for trial in trials]
+        from optuna.trial import TrialState
+
         try:
             # folder n is trial n (with one worker on the study, trial numbers are consecutive)
             results = self.launcher.launch(overrides, initial_job_idx=trials[0].number)
@@ -325,6 +349,7 @@ class OptunaSearch(Sweeper):
             "num_trials": len(states),
             "num_complete": states.count(TrialState.COMPLETE),
             "num_failed": states.count(TrialState.FAIL),
+            "num_refused": len([trial for trial in study.trials if REFUSED in trial.user_attrs]),
             "best": [
                 {
                     "trial": trial.number,

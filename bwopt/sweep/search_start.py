@@ -1,5 +1,6 @@
-"""The search's best trial against its start, beyond the noise: every finished repeat of each,
-their spread pooled (bwopt.measure.uncertainty), as a sweep compares its sets."""
+"""The search's answer read from its trials: the best (one, or the Pareto front), the trials that
+learned worse, and the best trial against its start, beyond the noise: every finished repeat of
+each, their spread pooled (bwopt.measure.uncertainty), as a sweep compares its sets."""
 
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -8,6 +9,7 @@ from bwopt.measure.uncertainty import compare, log_estimate, pooled_log_spread
 
 TASK_OBJECTIVE = "throughput_examples_per_s"  # what bwopt.app.run_job returns
 START = "start"  # the user attribute of the trial enqueued with the configured settings
+ACCURACY = "val_accuracy"  # the constraint's figure (final_metrics of summary.json)
 
 
 def against_start(complete: Sequence, best: Sequence, objectives: Sequence[str]) -> Optional[Dict[str, Any]]:
@@ -52,3 +54,31 @@ def repeat_folders(sweep_dir: Path, first: int, index: int, num_sets: int, repea
     """The folders of the repeats of set `index` of a batch launched from job `first` (bwopt's
     launcher numbers them first * repeats + repeat * num_sets + index)."""
     return [sweep_dir / str(first * repeats + repeat * num_sets + index) for repeat in range(repeats)]
+
+
+def learned_worse(trials: Sequence, tolerance: float) -> List:
+    """The trials whose recorded val_accuracy is more than `tolerance` below the best of `trials`."""
+    accuracies = {trial.number: trial.user_attrs.get(ACCURACY) for trial in trials}
+    best = max((accuracy for accuracy in accuracies.values() if accuracy is not None), default=None)
+    # the margin keeps a difference of exactly the tolerance from rounding into a flag
+    return [
+        trial
+        for trial in trials
+        if None not in (best, accuracies[trial.number]) and best - accuracies[trial.number] > tolerance + 1e-9
+    ]
+
+
+def best_trials(trials: Sequence, directions: Sequence[str]) -> List:
+    """One best trial (the first of a tie) for one objective; the Pareto front for several."""
+    signs = [1.0 if direction == "maximize" else -1.0 for direction in directions]
+
+    def score(trial) -> List[float]:
+        return [sign * value for sign, value in zip(signs, trial.values)]
+
+    if len(directions) == 1:
+        return [max(trials, key=lambda trial: (score(trial)[0], -trial.number))] if trials else []
+
+    def dominates(other, trial) -> bool:
+        return all(a >= b for a, b in zip(score(other), score(trial))) and score(other) != score(trial)
+
+    return [trial for trial in trials if not any(dominates(other, trial) for other in trials)]

@@ -1,6 +1,7 @@
 """What bwopt's sweepers (the search, bwopt.sweep.search; the tuner, bwopt.sweep.tune) share at set-up."""
 
-from typing import Any, Tuple
+import copy
+from typing import Any, Optional, Sequence, Tuple
 
 from hydra.core.plugins import Plugins
 from hydra.types import HydraContext, TaskFunction
@@ -28,3 +29,30 @@ def prepare_sweep(
     if hasattr(launcher, "parent_name"):
         launcher.parent_name = parent_name
     return tolerance, launcher
+
+
+def runs_bwopt(task_function: TaskFunction) -> bool:
+    """Whether the sweep's task is bwopt's own job (tests sweep tasks of their own, with other keys)."""
+    from bwopt.app import run_job
+
+    return getattr(task_function, "__wrapped__", task_function) is run_job
+
+
+def refusal(config: DictConfig) -> Optional[str]:
+    """Why bwopt's schema refuses a job's composed config (its `hydra` node aside), or None; no TensorFlow."""
+    from bwopt.app import validate
+    from bwopt.schema import ConfigError
+
+    config = copy.deepcopy(config)
+    with open_dict(config):
+        del config["hydra"]
+    try:
+        validate(config)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+def refusal_of(hydra_context: HydraContext, config: DictConfig, overrides: Sequence[str]) -> Optional[str]:
+    """`refusal` of the job that `overrides` compose on the sweep's config."""
+    return refusal(hydra_context.config_loader.load_sweep_config(config, list(overrides)))

@@ -15,7 +15,8 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from bwopt.app import config_dir
-from bwopt.sweep.search import SearchConfigError, best_trials, learned_worse, override_value, search_space
+from bwopt.sweep.search import SearchConfigError, override_value, search_space
+from bwopt.sweep.search_start import best_trials, learned_worse
 
 SLOW = pytest.mark.slow  # every trial is a fresh process
 
@@ -340,3 +341,40 @@ def test_each_trial_keeps_every_repeat_it_ran_for_the_comparison(tmp_path):
         ]
         assert len(mine) == 2 and sorted(value for value, _ in trial.user_attrs[REPEATS]) == sorted(mine), trial.number
         assert trial.values == [pytest.approx(sum(mine) / 2)]  # the launcher's median of two
+
+
+@SLOW  # a hundred configurations composed and refused: about 20 s
+def test_a_space_the_schema_refuses_everywhere_ends_in_one_line_and_exit_2_with_nothing_run(tmp_path, capsys):
+    from bwopt.app import run_job
+
+    space = ["pipeline.cache=choice(file)", "pipeline.prefetch=choice(0,1)"]  # file needs a cache_path
+    with pytest.raises(SystemExit) as ended:
+        search(tmp_path / "sweep", space, "hydra.sweeper.n_trials=1", "tracking=none", task=run_job)
+    assert ended.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("bwopt: invalid config: 100 sampled configurations in a row were refused")
+    assert "pipeline.cache='file' needs pipeline.cache_path" in error
+    assert not [path for path in tmp_path.rglob("*") if path.is_dir() and path.name.isdigit()]  # no job ran
+
+
+@SLOW
+def test_a_trial_the_schema_refuses_is_pruned_with_its_reason_and_another_runs_in_its_place(tmp_path):
+    from bwopt.app import run_job
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    # cache=file without a cache_path is refused; the default (off) is not in the space: no start trial
+    settings = ["hydra.sweeper.n_trials=1", "hydra.sweeper.sampler=random", "hydra.sweeper.seed=2"]
+    tiny = ["train.epochs=1", "train.warmup_steps=2", "train.steps_per_epoch=6", "measure.memcpy_bandwidth=false"]
+    study = [f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=refused", "tracking=none"]
+    results = search(tmp_path / "sweep", ["pipeline.cache=choice(file,memory)"], *settings, *study, *tiny, task=run_job)
+
+    *refused, ran = optuna.load_study(study_name="refused", storage=storage).trials
+    assert refused, "seed 2 draws cache=file first"
+    for trial in refused:
+        assert trial.state is TrialState.PRUNED and trial.params == {"pipeline.cache": "file"}
+        assert "pipeline.cache='file' needs pipeline.cache_path" in trial.user_attrs["refused"]
+    assert ran.state is TrialState.COMPLETE and ran.params == {"pipeline.cache": "memory"}
+    assert results["num_refused"] == len(refused) and results["best"][0]["trial"] == ran.number
+    folders = [path.name for path in (tmp_path / "sweep").iterdir() if path.is_dir() and path.name.isdigit()]
+    assert folders == [str(ran.number)]  # folder n is trial n; a refused trial has none
+    assert (tmp_path / "sweep" / str(ran.number) / "summary.json").is_file()
