@@ -11,15 +11,16 @@ sweeper setting, is one line and exit 2, before anything runs. A new study's fir
 configured settings (the start), when every searched key has a value in its range.
 
 Each batch of `n_jobs` trials is asked of the study, launched (bwopt's launcher: each a fresh
-process, a child run of the search's parent run; job folder n is trial n, its `job_folder`), and
-told its values. Before a trial is launched, bwopt's schema checks its configuration (no
-TensorFlow): a searched value that is refused only beside others (`pipeline.vectorized_map=true`
-where `pipeline.preprocess=imagenet`) is not run. That trial is told PRUNED with the reason (its
-`refused` attribute; TPE ranks pruned trials below every finished one and learns to sample
-elsewhere), logged in one line, counted as `num_refused` in search.yaml and replaced: `n_trials`
-counts trials that ran. A refused trial inside a batch of several shifts its batch's later folders
-down by one. After 100 refusals in a row the search stops: an error (exit 2) when nothing has
-run, else a warning and the search's result so far.
+process, a child run of the search's parent run; job folder n is trial n, a finished trial's
+`job_folder`), and told its values. Before a trial is launched, bwopt's schema checks its
+configuration (no TensorFlow): a searched value that is refused only beside others
+(`pipeline.vectorized_map=true` where `pipeline.preprocess=imagenet`) is not run. That trial is
+told PRUNED with the reason (its `refused` attribute; TPE ranks pruned trials below every finished
+one and learns to sample elsewhere), logged in one line, counted as `num_refused` in search.yaml
+and replaced: `n_trials` counts trials that ran. A refused trial inside a batch of several shifts
+its batch's later folders down by one. After 100 refusals in a row the search stops: an error
+(exit 2) when nothing has run, else a warning and the search's result so far.
+
 A value is read from the trial's job: `throughput_examples_per_s`, the app's objective, is the
 job's return value (the launcher's median over repeats); any other name is looked up in the job
 folder's summary.json (`figures`, `measurements`, `final_metrics`, e.g. `val_accuracy`,
