@@ -1,4 +1,5 @@
-"""What bwopt's sweepers (the search, bwopt.sweep.search; the tuner, bwopt.sweep.tune) share at set-up."""
+"""What bwopt's sweepers (the search, bwopt.sweep.search; the tuner, bwopt.sweep.tune) and its launcher
+share: the set-up, and the schema's check of a job's config before it is launched."""
 
 import copy
 from typing import Any, Optional, Sequence, Tuple
