@@ -284,12 +284,19 @@ class OptunaSearch(Sweeper):
         )
 
     def _run_batch(self, study, fixed: List[str], space: Dict[str, Any], size: int) -> None:
-        trials = [self._ask(study, fixed, space) for _ in range(size)]
-        overrides = [trial.user_attrs["overrides"] for trial in trials]
         from optuna.trial import TrialState
 
+        trials = []
         try:
-            # folder n is trial n (with one worker on the study, trial numbers are consecutive)
+            while len(trials) < size:
+                trials.append(self._ask(study, fixed, space))
+        except SearchConfigError:  # the batch's trials asked so far must not stay RUNNING in the storage
+            for trial in trials:
+                study.tell(trial, state=TrialState.FAIL)
+            raise
+        overrides = [trial.user_attrs["overrides"] for trial in trials]
+        try:
+            # folders from the first trial's number on: trial n's is n unless a refused trial came before it here
             results = self.launcher.launch(overrides, initial_job_idx=trials[0].number)
         except BaseException:  # stopped or broken: no trial may stay RUNNING in the storage
             for trial in trials:
