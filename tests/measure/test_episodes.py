@@ -77,6 +77,7 @@ def examples(num_examples=2000):
 
 
 @pytest.mark.slow  # a real run: 8 s of timed steps
+@pytest.mark.timing  # another test's work on the cores reads as a slow window of its own
 def test_a_pipeline_slow_one_second_in_four_is_found_uneven_for_about_a_quarter_of_the_window(
     tmp_path, monkeypatch, run_experiment
 ):
