@@ -6,7 +6,7 @@ photographs and cached under outputs/sample_images/), its training split (80 % o
 stratified), TF Model Garden's training preprocessing per image: read the file, sample a
 distorted bounding box (8-100 % of the area, aspect 3/4 to 4/3), decode that window, flip at
 random, resize to 64x64, round to uint8; batches of 32. Nothing trains: the input alone.
-Three sides, alternated round by round (in `_common.alternate`'s order):
+Four sides, alternated round by round (in `_common.alternate`'s order):
 
 - `bwopt fused`: a real bwopt run in `mode=input` (bwopt.modes.run_input_only: the distributed
   training dataset iterated alone, each batch waited for) with pipeline=default,
@@ -15,6 +15,9 @@ Three sides, alternated round by round (in `_common.alternate`'s order):
   (timed steps only);
 - `bwopt decode-then-crop`: the same with `pipeline.fused_decode_crop=false` (decode the whole
   JPEG, then crop);
+- `bwopt decoded cache`: the same with `pipeline.cache=memory` too: the cache holds the decoded
+  images (decoding is deterministic there), each epoch crops them afresh; the first epoch (25
+  batches, 20 of them the warm-up) fills it;
 - `hand-written`: `from_tensor_slices((files, labels)) -> shuffle -> repeat -> map(read, sample
   box, decode_and_crop_jpeg, flip, resize, uint8; AUTOTUNE) -> batch -> prefetch(AUTOTUNE)`,
   iterated in Python; wall clock around the same number of timed batches after the same warm-up.
@@ -29,9 +32,9 @@ example; the CPU figure barely moves with the machine's speed from one second to
 swings single rounds' throughput ratios by ±40 % here.
 Target: bwopt fused / hand-written >= 0.98 (met, missed or within noise of it, by the ratio's
 interval). No target for fused / decode-then-crop: it is what the optimisation buys on these
-small JPEGs (faster, slower or no difference detected).
+small JPEGs (faster, slower or no difference detected); none for decoded cache / fused either.
 
-Run: `.venv/bin/python benchmarks/jpeg_pipeline.py [--rounds N]` (7 rounds, about 70-100 s on 2 cores);
+Run: `.venv/bin/python benchmarks/jpeg_pipeline.py [--rounds N]` (7 rounds, about 100-130 s on 2 cores);
 `BWOPT_BENCHMARK_SMOKE=1` runs one short round (the smoke test).
 """
 
@@ -138,6 +141,7 @@ def main() -> None:
     started_all = time.perf_counter()
     fused = compose([*WORKLOAD, "pipeline.fused_decode_crop=true"])
     unfused = compose([*WORKLOAD, "pipeline.fused_decode_crop=false"])
+    decoded_cache = compose([*WORKLOAD, "pipeline.fused_decode_crop=false", "pipeline.cache=memory"])
     configure_devices(fused[0])
     with tempfile.TemporaryDirectory() as scratch:
 
@@ -151,6 +155,7 @@ def main() -> None:
         sides = {
             "bwopt fused": bwopt_side(fused),
             "bwopt decode-then-crop": bwopt_side(unfused),
+            "bwopt decoded cache": bwopt_side(decoded_cache),
             "hand-written": lambda: examples_per_s(hand_written_dataset(fused[0])),
         }
         measured = alternate(sides, rounds)
@@ -167,6 +172,10 @@ def main() -> None:
     print(f"CPU per example, hand-written / bwopt mode=input: {spread(per_round)}  {comparison(per_round)}")
     per_round = ratios(results["bwopt fused"], results["bwopt decode-then-crop"])
     print(f"ratio fused decode-and-crop / decode-then-crop: {spread(per_round)}  {comparison(per_round)}")
+    per_round = ratios(results["bwopt decoded cache"], results["bwopt fused"])
+    print(f"ratio decoded cache / fused (no cache): {spread(per_round)}  {comparison(per_round)}")
+    per_round = ratios(cpu["bwopt fused"], cpu["bwopt decoded cache"])
+    print(f"CPU per example, fused / decoded cache: {spread(per_round)}  {comparison(per_round)}")
 
 
 def comparison(per_round) -> str:

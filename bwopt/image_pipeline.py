@@ -1,8 +1,9 @@
 """The input pipeline of encoded images: decoded and preprocessed per element (bwopt.preprocess),
-before the cache when the preprocessing is deterministic, after shuffle and repeat when it is random;
-then bwopt.pipeline's stages."""
+before the cache when the preprocessing is deterministic, after shuffle and repeat when it is random
+(then a cache holds the encoded bytes, or, where the crop is cut from the whole decoded image, the
+decoded images); then bwopt.pipeline's stages."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Tuple
 
 from bwopt.pipeline import Maps, assemble, build_dataset, epoch_size, make_augment, make_cast, parallel_arguments
@@ -29,6 +30,14 @@ class EncodedImages:
     jpeg_only: bool = False
 
 
+def decodes_before_cache(pipeline) -> bool:
+    """Whether a cache (or snapshot) of a random image preprocessing holds decoded images rather
+    than encoded bytes: where the crop is decoded whole and cut out after (`fused_decode_crop:
+    false`), decoding is deterministic and comes before the cache; a fused decode of the crop
+    window is random, and the cache holds the bytes it reads."""
+    return not pipeline.fused_decode_crop
+
+
 def build_image_dataset(
     config,
     encoded,
@@ -44,14 +53,17 @@ def build_image_dataset(
     `pipeline.preprocess` says (bwopt.preprocess), per element, with `pipeline.map_parallelism`.
 
     A deterministic preprocessing reads and decodes before the cache, which then holds decoded
-    images; a random one (imagenet's for training) runs after shuffle and repeat, so the cache
-    holds the encoded bytes and every epoch draws new crops, keyed by the image's identity, the
-    epoch and the seed (`bwopt.preprocess.element_seeds`), whatever its order. Otherwise as
-    `build_dataset`.
+    images; a random one (imagenet's for training) runs after shuffle and repeat, so every epoch
+    draws new crops, keyed by the image's identity, the epoch and the seed
+    (`bwopt.preprocess.element_seeds`), whatever its order; the cache holds the encoded bytes, or,
+    with `fused_decode_crop: false`, the whole decoded images (`decodes_before_cache`), from which
+    each epoch cuts its crops: the same pixels as decoding every epoch, without the decode.
+    Otherwise as `build_dataset`.
     """
     import tensorflow as tf
 
     from bwopt.preprocess import Decoding, epoch_seeds, identity_seeds, image_identity, preprocessing
+    from bwopt.preprocess import decode as decode_image
 
     fixed, random = preprocessing(config.preprocess)
     decoding = Decoding(tuple(images.image_size), config.fused_decode_crop, images.jpeg_only)
@@ -65,7 +77,19 @@ def build_image_dataset(
         return cast(image, label) if cast else (image, label)
 
     if training and random is not None:
-        if read_file and (config.cache != "off" or config.snapshot.path):
+        cached = config.cache != "off" or bool(config.snapshot.path)
+        if cached and decodes_before_cache(config):
+            # Decoding is the last deterministic stage: the cache holds whole decoded images, with
+            # the identity their crop's seeds are made from, and each epoch crops them anew.
+            def decode_whole(data, label, *image_part):
+                encoded_image = tf.io.read_file(data) if read_file else data
+                part = image_part[0] if image_part else identity_seeds(image_identity(encoded_image))
+                return decode_image(encoded_image, decoding), label, part
+
+            encoded = encoded.map(decode_whole, **parallel)
+            decoding = replace(decoding, decoded=True)
+            read_file = False
+        elif read_file and cached:
             # The cache must hold the files' bytes, not their paths: read them in a map of their own.
             encoded = encoded.map(lambda path, *rest: (tf.io.read_file(path), *rest), **parallel)
             read_file = False

@@ -119,20 +119,46 @@ def check_buffers_fit(config, input_plan: InputPlan, element_bytes: int, availab
         )
 
 
+# Images whose headers are read for the size of a decoded image.
+SAMPLED_IMAGES = 64
+
+
 def stored_element_bytes(config, source, input_plan: InputPlan) -> int:
     """One training element as the shuffle buffer and the cache hold it: decoded, in the transfer
     dtype; under a random image preprocessing (after them) the encoded image: its file's mean size
-    (image files, read into the cache), or its records' (TFRecord)."""
+    (image files, read into the cache), or its records' (TFRecord); or, where decoding comes before
+    the cache (`bwopt.image_pipeline.decodes_before_cache`), the decoded whole image: height × width
+    × 3 bytes, from the headers of up to `SAMPLED_IMAGES` images (bwopt.data.image_headers)."""
+    from bwopt.image_pipeline import decodes_before_cache
+
     if not (source.encoded_images and config.pipeline.preprocess != "none"):
         return input_plan.bytes_per_example
     if isinstance(source, ImageFileSource):
-        files = source.files[input_plan.train_indices][:64]
+        files = source.files[input_plan.train_indices][:SAMPLED_IMAGES]
     else:
         files = source.train_files
+    if decodes_before_cache(config.pipeline):
+        pixels = decoded_pixels(source, files, config.data)
+        if pixels:
+            return int(np.mean(pixels) * 3) + LABEL_BYTES
     sizes = [Path(path).stat().st_size for path in files]
     if isinstance(source, ImageFileSource):
         return int(np.mean(sizes)) + LABEL_BYTES if sizes else input_plan.bytes_per_example
     return sum(sizes) // max(1, input_plan.num_train_examples) + LABEL_BYTES
+
+
+def decoded_pixels(source, files, data) -> List[int]:
+    """Height × width of sampled training images, from their headers: the image files `files`, or
+    the first records of the first TFRecord file; images whose header cannot be read are left out."""
+    from bwopt.data.image_headers import embedded_image_size, first_records, image_size
+
+    if isinstance(source, ImageFileSource):
+        sizes = [image_size(Path(path).read_bytes()) for path in files]
+    elif files:
+        sizes = [embedded_image_size(record) for record in first_records(files[0], data.compression, SAMPLED_IMAGES)]
+    else:
+        sizes = []
+    return [height * width for height, width in filter(None, sizes)]
 
 
 def check_resources(config, source, input_plan: InputPlan) -> None:

@@ -41,17 +41,22 @@ class Decoding:
         jpeg_only: every image is a JPEG (image files named .jpg or .jpeg), so no image needs
             its format tested first (a test per image costs about 4 % of the CPU time of a
             200-pixel JPEG's preprocessing).
+        decoded: the elements hold decoded images already (a cache before the random crop
+            holds them: bwopt.image_pipeline), so decoding them is nothing and their crop a slice.
     """
 
     image_size: Tuple[int, int]
     fused_crop: bool = True
     jpeg_only: bool = False
+    decoded: bool = False
 
 
 def decode(encoded, decoding: Decoding):
     """The whole image (JPEG, PNG, BMP, GIF's first frame) -> uint8 [h, w, 3]."""
     import tensorflow as tf
 
+    if decoding.decoded:
+        return encoded
     if decoding.jpeg_only:
         return tf.io.decode_jpeg(encoded, channels=3)
     image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
@@ -79,7 +84,7 @@ def decode_window(encoded, window: Callable, decoding: Decoding):
         offset, size = window(tf.io.extract_jpeg_shape(encoded))
         return tf.io.decode_and_crop_jpeg(encoded, tf.concat([offset, size], 0), channels=3)
 
-    if not decoding.fused_crop:
+    if decoding.decoded or not decoding.fused_crop:
         return decode_then_crop()
     if decoding.jpeg_only:
         return decode_only_the_window()

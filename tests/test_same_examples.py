@@ -32,7 +32,7 @@ from conftest import compose_config
 
 from bwopt.app import validate
 from bwopt.data.sources import load_source
-from bwopt.inputs import Inputs, plan
+from bwopt.inputs import LABEL_BYTES, Inputs, plan
 from bwopt.strategies import build_strategy, distribute_input
 
 BATCH = 16
@@ -317,3 +317,45 @@ def test_fused_decoding_gets_the_same_crops_whatever_the_pipeline(reference, sam
     """Decoding only the crop window (experiment=imagenet_like sweeps it) keeps the same examples
     under every pipeline, the reference decoding the same way."""
     check(reference, [*sample_images, "pipeline.fused_decode_crop=true"], *overrides)
+
+
+def cached_element_spec(dataset):
+    """The element spec of what the pipeline's cache holds (the first cache up its inputs, through zips)."""
+    if "Cache" in type(dataset).__name__:
+        return dataset.element_spec
+    inputs = getattr(dataset, "_datasets", None) or [getattr(dataset, "_input_dataset", None)]
+    for spec in (cached_element_spec(input) for input in inputs if input is not None):
+        if spec is not None:
+            return spec
+    return None
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["pipeline.cache=memory"],
+        ["pipeline.cache=memory", "pipeline.map_parallelism=4", "pipeline.deterministic=false"],
+        ["pipeline.cache=file"],
+    ],
+    ids=" ".join,
+)
+@pytest.mark.slow
+def test_a_cache_of_decoded_images_gets_the_same_crops_as_decoding_every_epoch(
+    reference, sample_images, tmp_path, overrides
+):
+    from bwopt.memory import stored_element_bytes
+
+    data = [*sample_images, "pipeline.fused_decode_crop=false"]
+    if "pipeline.cache=file" in overrides:
+        overrides = [*overrides, f"pipeline.cache_path={tmp_path / 'cache'}"]
+    check(reference, data, *overrides)
+    config = configure(*data, *overrides)
+    inputs = inputs_of(config)
+    image = cached_element_spec(inputs.dataset(True))[0]  # None if there were no cache
+    assert image.dtype == tf.uint8 and image.shape.as_list() == [None, None, 3]  # decoded, not bytes
+    fused = cached_element_spec(inputs_of(configure(*sample_images, *overrides)).dataset(True))[0]
+    assert fused.dtype == tf.string  # a fused decode is random: the cache holds the file's bytes
+    # The memory check counts each decoded image as its header says: as many bytes as decoding them gives.
+    files = inputs.source.files[inputs.input_plan.train_indices]
+    decoded = [tf.io.decode_jpeg(tf.io.read_file(str(path))).numpy().nbytes for path in files]
+    assert stored_element_bytes(config, inputs.source, inputs.input_plan) == int(np.mean(decoded)) + LABEL_BYTES
