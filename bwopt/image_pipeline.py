@@ -30,12 +30,17 @@ class EncodedImages:
     jpeg_only: bool = False
 
 
+def caches(pipeline) -> bool:
+    return pipeline.cache != "off" or bool(pipeline.snapshot.path)
+
+
 def decodes_before_cache(pipeline) -> bool:
-    """Whether a cache (or snapshot) of a random image preprocessing holds decoded images rather
+    """Whether the cache (or snapshot) of a random image preprocessing holds decoded images rather
     than encoded bytes: where the crop is decoded whole and cut out after (`fused_decode_crop:
     false`), decoding is deterministic and comes before the cache; a fused decode of the crop
-    window is random, and the cache holds the bytes it reads."""
-    return not pipeline.fused_decode_crop
+    window is random, and the cache holds the bytes it reads. Without a cache the images are
+    decoded after the shuffle, which holds them encoded."""
+    return caches(pipeline) and not pipeline.fused_decode_crop
 
 
 def build_image_dataset(
@@ -77,8 +82,7 @@ def build_image_dataset(
         return cast(image, label) if cast else (image, label)
 
     if training and random is not None:
-        cached = config.cache != "off" or bool(config.snapshot.path)
-        if cached and decodes_before_cache(config):
+        if decodes_before_cache(config):
             # Decoding is the last deterministic stage: the cache holds whole decoded images, with
             # the identity their crop's seeds are made from, and each epoch crops them anew.
             def decode_whole(data, label, *image_part):
@@ -89,7 +93,7 @@ def build_image_dataset(
             encoded = encoded.map(decode_whole, **parallel)
             decoding = replace(decoding, decoded=True)
             read_file = False
-        elif read_file and cached:
+        elif read_file and caches(config):
             # The cache must hold the files' bytes, not their paths: read them in a map of their own.
             encoded = encoded.map(lambda path, *rest: (tf.io.read_file(path), *rest), **parallel)
             read_file = False

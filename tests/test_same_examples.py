@@ -23,6 +23,7 @@ the same too, epoch by epoch.
   read in parallel or out of order.
 """
 
+import os
 from collections import Counter
 
 import numpy as np
@@ -359,3 +360,7 @@ def test_a_cache_of_decoded_images_gets_the_same_crops_as_decoding_every_epoch(
     files = inputs.source.files[inputs.input_plan.train_indices]
     decoded = [tf.io.decode_jpeg(tf.io.read_file(str(path))).numpy().nbytes for path in files]
     assert stored_element_bytes(config, inputs.source, inputs.input_plan) == int(np.mean(decoded)) + LABEL_BYTES
+    # without a cache the images are decoded after the shuffle, whose buffer holds the files' bytes
+    file_bytes = [os.path.getsize(path) for path in files]
+    uncached = stored_element_bytes(configure(*data), inputs.source, inputs.input_plan)
+    assert uncached == int(np.mean(file_bytes)) + LABEL_BYTES < int(np.mean(decoded))
