@@ -14,6 +14,13 @@ parallel batch, injected prefetch), so that each stage is one node with its own 
 maps run per element and could run on whole batches instead, the pipeline is probed a second
 time with `pipeline.vectorized_map=true`, for what its map costs per batch.
 
+A start that decodes whole images after the shuffle (`fused_decode_crop: false`, a random
+preprocessing, no cache) does in its random map what a cache would do before the shuffle:
+decoding, which is deterministic there. tf.data's model cannot see it apart (the map is one
+node), so the pipeline is probed again with `pipeline.cache=memory` after the cache's first epoch;
+the CPU per batch it saves is the decoding's, a stage of its own before the shuffle handing on
+the decoded images (their size from their headers, bwopt.data.image_headers).
+
 The nodes on the pipeline's main chain become stages (bwopt.sweep.tune_decide.Stage): the source
 (with every node off the chain: files read through interleave, the positions zipped in), the maps
 (the one before shuffle is the deterministic cast or decode; those after it are random), shuffle
@@ -63,12 +70,12 @@ def cpu_time_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def window(dataset) -> dict:
+def window(dataset, warmup_batches: int = WARMUP_BATCHES) -> dict:
     """The models before and after the window, its batches, wall seconds and CPU seconds."""
     import tensorflow as tf
 
     iterator = iter(dataset)
-    for _ in range(WARMUP_BATCHES):
+    for _ in range(warmup_batches):
         next(iterator)
     before = tf.data.experimental.get_model_proto(iterator)
     started, cpu_started, batches = time.perf_counter(), cpu_time_s(), 0
@@ -212,13 +219,51 @@ def device_copy_s(device: str, batch_bytes: float) -> float:
     return batch_bytes / device_copy_bandwidth_bytes_per_s(gpus[0].name) if gpus else 0.0
 
 
+def per_batch(measured: dict) -> float:
+    return measured["cpu_s"] / max(measured["batches"], 1)
+
+
+def with_decoding_apart(stages: List[dict], decode_s: float, decoded_bytes: float) -> List[dict]:
+    """The stages with the decoding of whole images a deterministic stage of its own before the
+    shuffle, where a cache would run it (`decode_apart`): its cost, `decode_s` per batch, moved out
+    of the random map that runs it now; what it hands on, `decoded_bytes` per example."""
+    shuffle = next(index for index, stage in enumerate(stages) if stage["kind"] == "shuffle")
+    random_map = next(stage for stage in stages[shuffle:] if stage["kind"] == "map")
+    decode_s = min(max(decode_s, 0.0), random_map["cost_per_batch_s"])
+    random_map["cost_per_batch_s"] -= decode_s
+    decode = {
+        "name": "map (decode)",
+        "node": f"{random_map['node']} (its decoding)",
+        "kind": "map",
+        "cost_per_batch_s": decode_s,
+        "parallel": True,
+        "random": False,
+        "io_bound": False,
+        "output_bytes_per_example": decoded_bytes,
+    }
+    return [*stages[:shuffle], decode, *stages[shuffle:]]
+
+
+def decode_apart(pipeline, source) -> bool:
+    """Whether the start decodes whole images after the shuffle, where a cache would decode them
+    before it (bwopt.image_pipeline.decodes_before_cache): a random image preprocessing with
+    `fused_decode_crop: false` and no cache."""
+    from bwopt.image_pipeline import caches
+    from bwopt.schema.pipeline import RANDOM_PREPROCESSINGS
+
+    images = getattr(source, "encoded_images", False) and pipeline.preprocess in RANDOM_PREPROCESSINGS
+    return images and not pipeline.fused_decode_crop and not caches(pipeline)
+
+
 def probe(overrides: List[str]) -> Dict[str, object]:
     """The per-stage picture of the training pipeline these overrides configure."""
+    import numpy as np
     from hydra import compose, initialize_config_dir
 
     from bwopt.app import config_dir, validate
     from bwopt.data.sources import load_source
     from bwopt.inputs import Inputs, plan
+    from bwopt.memory import SAMPLED_IMAGES, decoded_pixels
 
     # the probe records nothing: the workload's tracking settings are not its own
     kept = [item for item in overrides if not item.lstrip("+~").startswith(("tracking.", "tracking="))]
@@ -235,14 +280,20 @@ def probe(overrides: List[str]) -> Dict[str, object]:
     source_name = "source (files)" if reads_files else "source"
     batch_size = config.train.global_batch_size
 
-    def measure(cfg) -> dict:
-        return window(Inputs(cfg, source, input_plan).dataset(True, through_service=False))
+    def measure(cfg, warmup_batches: int = WARMUP_BATCHES) -> dict:
+        return window(Inputs(cfg, source, input_plan).dataset(True, through_service=False), warmup_batches)
 
     measured = measure(config)
     stages = stages_of(measured, batch_size, source_name, reads_files)
     if getattr(source, "encoded_images", False):
         for stage in stages:
             stage["name"] = stage["name"].replace("map (cast)", "map (decode)")
+    if decode_apart(config.pipeline, source):
+        # a cache of decoded images, read after its first epoch has filled it
+        cached = measure(configured(["pipeline.cache=memory"]), input_plan.steps_per_epoch + WARMUP_BATCHES)
+        sampled = source.files[input_plan.train_indices][:SAMPLED_IMAGES] if hasattr(source, "files") else files
+        decoded_bytes = 3 * float(np.mean(decoded_pixels(source, sampled, config.data) or [0]))
+        stages = with_decoding_apart(stages, per_batch(measured) - per_batch(cached), decoded_bytes)
     vectorized_cost = None
     maps = [stage for stage in stages if stage["kind"] == "map"]
     if maps and not config.pipeline.vectorized_map and config.pipeline.preprocess != "imagenet":

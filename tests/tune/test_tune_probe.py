@@ -1,0 +1,68 @@
+"""The probe's picture of an image pipeline, and what tune plans from it (real tf.data, in process)."""
+
+import numpy as np
+import pytest
+from conftest import compose_config
+
+from bwopt.app import validate
+from bwopt.sweep.tune_decide import Budget
+from bwopt.sweep.tune_plan import plan
+from bwopt.sweep.tune_record import Trial
+from bwopt.sweep.tune_setup import profile_of, start_knobs
+
+pytestmark = pytest.mark.slow  # TensorFlow and two probes of real JPEGs
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """data=sample_images: 150 JPEGs of 40-64 px, imagenet's random crops, 3 epochs of 12 batches."""
+    return [
+        "data=sample_images",
+        f"data.directory={tmp_path_factory.mktemp('sample_images')}",
+        "data.num_images=150",
+        "data.saved_side_px=[40,64]",
+        "data.image_size=[16,16]",
+        "split=uniform",
+        "pipeline=naive",
+        "pipeline.preprocess=imagenet",
+        "pipeline.vectorized_map=false",
+        "train.global_batch_size=10",
+        "train.epochs=3",
+    ]
+
+
+def planned(overrides):
+    from bwopt.sweep.tune_probe import probe
+
+    picture = probe(overrides)
+    config = validate(compose_config(overrides))
+    proposals = plan(profile_of(picture, Trial(0, "start", "", {})), Budget(2, 1e9), start_knobs(config, 2))
+    return picture, {proposal.name: proposal for proposal in proposals}
+
+
+def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches_them(images):
+    from bwopt.data.sources import load_source
+    from bwopt.inputs import plan as input_plan
+    from bwopt.memory import decoded_pixels
+
+    picture, proposals = planned([*images, "pipeline.fused_decode_crop=false"])
+    names = [stage["name"] for stage in picture["stages"]]
+    assert names.index("map (decode)") < names.index("shuffle, repeat"), names
+    decode = picture["stages"][names.index("map (decode)")]
+    assert not decode["random"] and decode["cost_per_batch_s"] > 0
+    # what it hands on is the decoded images, as many bytes as their headers say
+    config = validate(compose_config(images))
+    source = load_source(config.data, config.seed, config.split.validation_fraction)
+    files = source.files[input_plan(config, source).train_indices]
+    mean_bytes = 3 * np.mean(decoded_pixels(source, files, config.data))
+    assert decode["output_bytes_per_example"] == pytest.approx(mean_bytes, rel=0.25)
+    cache = proposals["cache"]
+    assert cache.overrides == {"pipeline.cache": "memory"}
+    assert cache.reason.startswith("stages up to map (decode) are deterministic"), cache.reason
+
+    # decoding only the crop window is random: nothing before the shuffle but the read, which a cache may hold
+    picture, proposals = planned(images)
+    names = [stage["name"] for stage in picture["stages"]]
+    assert "map (decode)" not in names[: names.index("shuffle, repeat")], names
+    if "cache" in proposals:
+        assert proposals["cache"].reason.startswith("stages up to source"), proposals["cache"].reason
