@@ -36,6 +36,21 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"checks a time against a known answer but is not marked timing: {unmarked}")
 
 
+def small_sample_images(directory, num_images: int) -> list:
+    """Overrides for data=sample_images in `directory`: `num_images` JPEGs of 40-64 px, decoded to
+    16x16 with imagenet's random crops and flips, split uniformly."""
+    return [
+        "data=sample_images",
+        f"data.directory={directory}",
+        f"data.num_images={num_images}",
+        "data.saved_side_px=[40,64]",
+        "data.image_size=[16,16]",
+        "split=uniform",
+        "pipeline.preprocess=imagenet",
+        "pipeline.vectorized_map=false",
+    ]
+
+
 # Tests count the epochs' steps: no extra timed steps unless a test asks for a window.
 TEST_DEFAULTS = ["measure.min_timed_s=0"]
 

@@ -29,7 +29,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import compose_config
+from conftest import compose_config, small_sample_images
 
 from bwopt.app import validate
 from bwopt.data.sources import load_source
@@ -263,14 +263,7 @@ def test_distributed_inputs_give_the_same_examples(reference, devices, overrides
 def sample_images(tmp_path_factory):
     """data=sample_images: 60 small JPEGs, 48 for training (3 batches), imagenet's random crops and flips."""
     return [
-        "data=sample_images",
-        f"data.directory={tmp_path_factory.mktemp('sample_images')}",
-        "data.num_images=60",
-        "data.saved_side_px=[40,64]",
-        "data.image_size=[16,16]",
-        "split=uniform",
-        "pipeline.preprocess=imagenet",
-        "pipeline.vectorized_map=false",
+        *small_sample_images(tmp_path_factory.mktemp("sample_images"), 60),
         "pipeline.transfer_dtype=uint8",
         f"train.global_batch_size={BATCH}",
         "pipeline.shuffle_buffer=0",

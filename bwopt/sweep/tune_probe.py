@@ -17,9 +17,9 @@ time with `pipeline.vectorized_map=true`, for what its map costs per batch.
 A start that decodes whole images after the shuffle (`fused_decode_crop: false`, a random
 preprocessing, no cache) does in its random map what a cache would do before the shuffle:
 decoding, which is deterministic there. tf.data's model cannot see it apart (the map is one
-node), so the pipeline is probed again with `pipeline.cache=memory` after the cache's first epoch;
-the CPU per batch it saves is the decoding's, a stage of its own before the shuffle handing on
-the decoded images (their size from their headers, bwopt.data.image_headers).
+node), so up to `SAMPLED_IMAGES` training images are decoded alone, as the pipeline decodes
+them, for the CPU time and the bytes of one; that much per batch moves out of the random map
+into a stage of its own before the shuffle, which hands on the decoded images.
 
 The nodes on the pipeline's main chain become stages (bwopt.sweep.tune_decide.Stage): the source
 (with every node off the chain: files read through interleave, the positions zipped in), the maps
@@ -39,6 +39,10 @@ WINDOW_S = 1.5
 MIN_BATCHES = 8
 MAX_BATCHES = 400
 WARMUP_BATCHES = 3
+# Images decoded alone for the cost of decoding one whole (`decoding_cost`), and its CPU seconds.
+SAMPLED_IMAGES = 64
+DECODE_WINDOW_S = 0.3
+PASSES = 8
 MEASURING = [
     "tracking=none",
     "measure.ceilings=false",
@@ -70,12 +74,12 @@ def cpu_time_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def window(dataset, warmup_batches: int = WARMUP_BATCHES) -> dict:
+def window(dataset) -> dict:
     """The models before and after the window, its batches, wall seconds and CPU seconds."""
     import tensorflow as tf
 
     iterator = iter(dataset)
-    for _ in range(warmup_batches):
+    for _ in range(WARMUP_BATCHES):
         next(iterator)
     before = tf.data.experimental.get_model_proto(iterator)
     started, cpu_started, batches = time.perf_counter(), cpu_time_s(), 0
@@ -219,8 +223,38 @@ def device_copy_s(device: str, batch_bytes: float) -> float:
     return batch_bytes / device_copy_bandwidth_bytes_per_s(gpus[0].name) if gpus else 0.0
 
 
-def per_batch(measured: dict) -> float:
-    return measured["cpu_s"] / max(measured["batches"], 1)
+def training_images(source, input_plan, count: int = SAMPLED_IMAGES) -> List[bytes]:
+    """The encoded bytes of up to `count` training images: image files', or a TFRecord file's."""
+    if hasattr(source, "files"):
+        return [Path(path).read_bytes() for path in source.files[input_plan.train_indices][:count]]
+    return [encoded.numpy() for encoded, _ in source.open_file(source.train_files[0]).take(count)]
+
+
+def decoding_cost(images: List[bytes], source, seconds: float = DECODE_WINDOW_S):
+    """(CPU seconds to decode one of `images` whole, bytes of one decoded): decoded as the
+    pipeline decodes them (bwopt.preprocess.decode) in a tf.data map on one thread, reduced in
+    place, `PASSES` passes over them at a time after one untimed pass, until `seconds` of CPU time."""
+    import tensorflow as tf
+
+    from bwopt.preprocess import Decoding, decode
+
+    decoding = Decoding(tuple(source.feature_shape[:2]), False, bool(getattr(source, "jpeg_only", False)))
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+
+    @tf.function  # traced once: the passes run in the runtime alone
+    def decoded_bytes(passes):
+        images_read = tf.data.Dataset.from_tensor_slices(images).repeat(passes).with_options(options)
+        sizes = images_read.map(lambda data: tf.size(decode(data, decoding), tf.int64))
+        return sizes.reduce(tf.constant(0, tf.int64), lambda total, size: total + size)
+
+    one = int(decoded_bytes(tf.constant(1, tf.int64))) / len(images)
+    runs, started = 0, cpu_time_s()
+    while runs < 1 or cpu_time_s() - started < seconds:
+        decoded_bytes(tf.constant(PASSES, tf.int64))
+        runs += 1
+    return (cpu_time_s() - started) / (runs * PASSES * len(images)), one
 
 
 def with_decoding_apart(stages: List[dict], decode_s: float, decoded_bytes: float) -> List[dict]:
@@ -257,13 +291,11 @@ def decode_apart(pipeline, source) -> bool:
 
 def probe(overrides: List[str]) -> Dict[str, object]:
     """The per-stage picture of the training pipeline these overrides configure."""
-    import numpy as np
     from hydra import compose, initialize_config_dir
 
     from bwopt.app import config_dir, validate
     from bwopt.data.sources import load_source
     from bwopt.inputs import Inputs, plan
-    from bwopt.memory import SAMPLED_IMAGES, decoded_pixels
 
     # the probe records nothing: the workload's tracking settings are not its own
     kept = [item for item in overrides if not item.lstrip("+~").startswith(("tracking.", "tracking="))]
@@ -280,8 +312,8 @@ def probe(overrides: List[str]) -> Dict[str, object]:
     source_name = "source (files)" if reads_files else "source"
     batch_size = config.train.global_batch_size
 
-    def measure(cfg, warmup_batches: int = WARMUP_BATCHES) -> dict:
-        return window(Inputs(cfg, source, input_plan).dataset(True, through_service=False), warmup_batches)
+    def measure(cfg) -> dict:
+        return window(Inputs(cfg, source, input_plan).dataset(True, through_service=False))
 
     measured = measure(config)
     stages = stages_of(measured, batch_size, source_name, reads_files)
@@ -289,11 +321,8 @@ def probe(overrides: List[str]) -> Dict[str, object]:
         for stage in stages:
             stage["name"] = stage["name"].replace("map (cast)", "map (decode)")
     if decode_apart(config.pipeline, source):
-        # a cache of decoded images, read after its first epoch has filled it
-        cached = measure(configured(["pipeline.cache=memory"]), input_plan.steps_per_epoch + WARMUP_BATCHES)
-        sampled = source.files[input_plan.train_indices][:SAMPLED_IMAGES] if hasattr(source, "files") else files
-        decoded_bytes = 3 * float(np.mean(decoded_pixels(source, sampled, config.data) or [0]))
-        stages = with_decoding_apart(stages, per_batch(measured) - per_batch(cached), decoded_bytes)
+        decode_s, decoded_bytes = decoding_cost(training_images(source, input_plan), source)
+        stages = with_decoding_apart(stages, decode_s * batch_size, decoded_bytes)
     vectorized_cost = None
     maps = [stage for stage in stages if stage["kind"] == "map"]
     if maps and not config.pipeline.vectorized_map and config.pipeline.preprocess != "imagenet":

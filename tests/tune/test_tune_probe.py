@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import compose_config
+from conftest import compose_config, small_sample_images
 
 from bwopt.app import validate
 from bwopt.sweep.tune_decide import Budget
@@ -17,15 +17,8 @@ pytestmark = pytest.mark.slow  # TensorFlow and two probes of real JPEGs
 def images(tmp_path_factory):
     """data=sample_images: 150 JPEGs of 40-64 px, imagenet's random crops, 3 epochs of 12 batches."""
     return [
-        "data=sample_images",
-        f"data.directory={tmp_path_factory.mktemp('sample_images')}",
-        "data.num_images=150",
-        "data.saved_side_px=[40,64]",
-        "data.image_size=[16,16]",
-        "split=uniform",
+        *small_sample_images(tmp_path_factory.mktemp("sample_images"), 150),
         "pipeline=naive",
-        "pipeline.preprocess=imagenet",
-        "pipeline.vectorized_map=false",
         "train.global_batch_size=10",
         "train.epochs=3",
     ]
