@@ -6,7 +6,16 @@ decoded images); then bwopt.pipeline's stages."""
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Tuple
 
-from bwopt.pipeline import Maps, assemble, build_dataset, epoch_size, make_augment, make_cast, parallel_arguments
+from bwopt.pipeline import (
+    Maps,
+    assemble,
+    build_dataset,
+    caches,
+    epoch_size,
+    make_augment,
+    make_cast,
+    parallel_arguments,
+)
 
 PIXEL_RANGE = (0.0, 255.0)
 
@@ -28,10 +37,6 @@ class EncodedImages:
     image_size: Tuple[int, int]
     paths: bool = False
     jpeg_only: bool = False
-
-
-def caches(pipeline) -> bool:
-    return pipeline.cache != "off" or bool(pipeline.snapshot.path)
 
 
 def decodes_before_cache(pipeline) -> bool:

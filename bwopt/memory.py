@@ -150,7 +150,8 @@ def stored_element_bytes(config, source, input_plan: InputPlan) -> int:
 def decoded_pixels(source, files, data) -> List[int]:
     """Height × width of sampled training images, from their headers: the image files `files`, or
     the first records of the first TFRecord file; images whose header cannot be read are left out."""
-    from bwopt.data.image_headers import embedded_image_size, first_records, image_size
+    from bwopt.data.image_headers import embedded_image_size, image_size
+    from bwopt.data.records import first_records
 
     if isinstance(source, ImageFileSource):
         sizes = [image_size(Path(path).read_bytes()) for path in files]

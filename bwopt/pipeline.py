@@ -253,6 +253,11 @@ def per_element(decode: Optional[Callable], augment: Optional[Callable], keyed: 
     return apply
 
 
+def caches(pipeline) -> bool:
+    """Whether the training pipeline keeps its first epoch's elements: a cache or a snapshot."""
+    return pipeline.cache != "off" or bool(pipeline.snapshot.path)
+
+
 def cache_and_snapshot(config, dataset):
     if config.cache == "memory":
         dataset = dataset.cache()

@@ -7,7 +7,7 @@ logical screen) are read; anything else is None.
 """
 
 import struct
-from typing import Iterator, Optional, Tuple
+from typing import Optional, Tuple
 
 JPEG_START = b"\xff\xd8\xff"
 PNG_START = b"\x89PNG\r\n\x1a\n"
@@ -65,21 +65,3 @@ def embedded_image_size(record: bytes) -> Optional[Tuple[int, int]]:
         if size:
             return size
     return None
-
-
-def first_records(path: str, compression: str, count: int) -> Iterator[bytes]:
-    """The data of the first `count` records of a TFRecord file (each a uint64 length, its CRC, the
-    data and a CRC), fewer where the file ends or breaks off."""
-    from bwopt.data.records import open_records
-
-    with open_records(path, compression) as stream:
-        for _ in range(count):
-            header = stream.read(12)
-            if len(header) < 12:
-                return
-            (length,) = struct.unpack("<Q", header[:8])
-            data = stream.read(length)
-            if len(data) < length:
-                return
-            yield data
-            stream.read(4)

@@ -21,7 +21,7 @@ import struct
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 
 class DataError(ValueError):
@@ -147,6 +147,22 @@ def count_records(path: str, compression: str = "NONE") -> int:
         count = read_and_count(path, compression, status.st_size)
         remember_count(path, status, compression, count)
     return count
+
+
+def first_records(path: str, compression: str, count: int) -> Iterator[bytes]:
+    """The data of the first `count` records of a TFRecord file (each a uint64 length, its CRC, the
+    data and a CRC), fewer where the file ends or breaks off."""
+    with open_records(path, compression) as stream:
+        for _ in range(count):
+            header = stream.read(12)
+            if len(header) < 12:
+                return
+            (length,) = struct.unpack("<Q", header[:8])
+            data = stream.read(length)
+            if len(data) < length:
+                return
+            yield data
+            stream.read(4)
 
 
 def read_and_count(path: str, compression: str, file_size: int) -> int:

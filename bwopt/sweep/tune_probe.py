@@ -17,7 +17,7 @@ time with `pipeline.vectorized_map=true`, for what its map costs per batch.
 A start that decodes whole images after the shuffle (`fused_decode_crop: false`, a random
 preprocessing, no cache) does in its random map what a cache would do before the shuffle:
 decoding, which is deterministic there. tf.data's model cannot see it apart (the map is one
-node), so up to `SAMPLED_IMAGES` training images are decoded alone, as the pipeline decodes
+node), so up to 64 training images (bwopt.memory.SAMPLED_IMAGES) are decoded alone, as the pipeline decodes
 them, for the CPU time and the bytes of one; that much per batch moves out of the random map
 into a stage of its own before the shuffle, which hands on the decoded images.
 
@@ -39,8 +39,7 @@ WINDOW_S = 1.5
 MIN_BATCHES = 8
 MAX_BATCHES = 400
 WARMUP_BATCHES = 3
-# Images decoded alone for the cost of decoding one whole (`decoding_cost`), and its CPU seconds.
-SAMPLED_IMAGES = 64
+# CPU seconds of decoding images alone for the cost of one (`decoding_cost`).
 DECODE_WINDOW_S = 0.3
 PASSES = 8
 MEASURING = [
@@ -223,8 +222,12 @@ def device_copy_s(device: str, batch_bytes: float) -> float:
     return batch_bytes / device_copy_bandwidth_bytes_per_s(gpus[0].name) if gpus else 0.0
 
 
-def training_images(source, input_plan, count: int = SAMPLED_IMAGES) -> List[bytes]:
-    """The encoded bytes of up to `count` training images: image files', or a TFRecord file's."""
+def training_images(source, input_plan) -> List[bytes]:
+    """The encoded bytes of up to `SAMPLED_IMAGES` training images (as many as the memory check
+    reads the headers of): image files', or a TFRecord file's."""
+    from bwopt.memory import SAMPLED_IMAGES
+
+    count = SAMPLED_IMAGES
     if hasattr(source, "files"):
         return [Path(path).read_bytes() for path in source.files[input_plan.train_indices][:count]]
     return [encoded.numpy() for encoded, _ in source.open_file(source.train_files[0]).take(count)]
@@ -282,7 +285,7 @@ def decode_apart(pipeline, source) -> bool:
     """Whether the start decodes whole images after the shuffle, where a cache would decode them
     before it (bwopt.image_pipeline.decodes_before_cache): a random image preprocessing with
     `fused_decode_crop: false` and no cache."""
-    from bwopt.image_pipeline import caches
+    from bwopt.pipeline import caches
     from bwopt.schema.pipeline import RANDOM_PREPROCESSINGS
 
     images = getattr(source, "encoded_images", False) and pipeline.preprocess in RANDOM_PREPROCESSINGS

@@ -18,6 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
 from bwopt.measure.uncertainty import POCOCK_Z
+from bwopt.pipeline import caches
 from bwopt.sweep.tune_decide import ALLOWED_CHANGES, Profile, Stage
 from bwopt.sweep.tune_record import Trial
 
@@ -106,7 +107,7 @@ def start_knobs(config: DictConfig, cores: int) -> Dict[str, Any]:
         "map_parallelism": count(pipeline.map_parallelism, cores),
         "interleave_width": count(pipeline.interleave.num_parallel_calls, cores),
         "prefetch": count(pipeline.prefetch, 2),
-        "cached": pipeline.cache != "off",
+        "cached": caches(pipeline),
         "vectorized": bool(pipeline.vectorized_map),
         "uint8": pipeline.transfer_dtype == "uint8",
         "steps_per_execution": int(config.train.steps_per_execution),

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bwopt.data.image_headers import embedded_image_size, first_records, image_size
-from bwopt.data.records import masked_crc32c
+from bwopt.data.image_headers import embedded_image_size, image_size
+from bwopt.data.records import first_records, masked_crc32c
 
 
 def encoded(height: int, width: int, image_format: str, **options) -> bytes:
