@@ -168,8 +168,9 @@ def _cpu(f) -> str:
 
 def _cores(f) -> str:
     """The cores ceiling: what the cores sustain when every example costs the step's and the
-    pipeline's CPU time; named the limit when it is below both other ceilings and training is near it.
-    It is an estimate from each side's CPU time alone: training has measured up to 1.10 of it."""
+    pipeline's CPU time (the step at least the whole cores it holds for its wall time); named the
+    limit when it is below both other ceilings and training is near it. It is an estimate from each
+    side's CPU time alone: training has measured up to 1.10 of it."""
     if "cores_ceiling_examples_per_s" not in f:
         return ""
     limit, step, pipeline = (
@@ -177,9 +178,14 @@ def _cores(f) -> str:
         f["compute_cpu_s_per_example"] * 1e3,
         f["input_cpu_s_per_example"] * 1e3,
     )
+    held, compute = f.get("step_cores"), f.get("compute_ceiling_examples_per_s")
+    step_text = f"step {step:.4f}"
+    if held and held > 1 and compute and held * 1e3 / compute > step:
+        step_text += f" (it holds {held} cores for its {1e3 / compute:.4f} ms: {held * 1e3 / compute:.4f})"
+        step = held * 1e3 / compute
     cores = limit * (step + pipeline) / 1e3
     text = (
-        f"step {step:.4f} + input {pipeline:.4f} CPU-ms per example on {cores:.3g} cores: "
+        f"{step_text} + input {pipeline:.4f} CPU-ms per example on {cores:.3g} cores: "
         f"about {limit:,.1f} examples/s together"
     )
     if "cores_efficiency" not in f:

@@ -29,7 +29,12 @@ def test_ceilings_efficiency_memory_and_recommendation_are_logged(run_experiment
         "cores_ceiling_examples_per_s",
     ):
         assert metrics[key] > 0, key
-    cpu_s = (metrics["compute_cpu_ms_per_example"] + metrics["input_cpu_ms_per_example"]) / 1e3
+    # The step costs its CPU time, or the whole cores it holds for its wall time where that is more.
+    step_busy = metrics["compute_cpu_ms_per_example"] / 1e3 * metrics["compute_ceiling_examples_per_s"]
+    assert metrics["step_cores"] == min(max(1, round(step_busy)), int(available_cores()))
+    held = metrics["step_cores"] / metrics["compute_ceiling_examples_per_s"] if metrics["step_cores"] > 1 else 0.0
+    step_s = max(metrics["compute_cpu_ms_per_example"] / 1e3, held)
+    cpu_s = step_s + metrics["input_cpu_ms_per_example"] / 1e3
     assert metrics["cores_ceiling_examples_per_s"] == pytest.approx(available_cores() / cpu_s, rel=1e-3)
     assert metrics["cores_efficiency_pct"] == pytest.approx(
         100 * metrics["throughput_examples_per_s"] / metrics["cores_ceiling_examples_per_s"]

@@ -4,7 +4,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from bwopt.measure.ceilings import cores_ceiling
+from bwopt.measure.ceilings import cores_ceiling, step_cores
 from bwopt.measure.timing import TimingFigures
 from bwopt.measure.verdicts import BOTH_BOUND
 
@@ -65,7 +65,15 @@ class Ceilings:
         """The cores ceiling (`bwopt.measure.ceilings.cores_ceiling`); None unless both CPU costs were measured."""
         if None in (self.cores, self.compute_cpu_s_per_example, self.input_cpu_s_per_example):
             return None
-        return cores_ceiling(self.cores, self.compute_cpu_s_per_example, self.input_cpu_s_per_example)
+        step_s = 1.0 / self.compute_examples_per_s if self.compute_examples_per_s else None
+        return cores_ceiling(self.cores, self.compute_cpu_s_per_example, self.input_cpu_s_per_example, step_s)
+
+    @property
+    def step_cores(self) -> Optional[int]:
+        """The whole cores the step holds while it runs (`bwopt.measure.ceilings.step_cores`)."""
+        if None in (self.cores, self.compute_cpu_s_per_example) or not self.compute_examples_per_s:
+            return None
+        return step_cores(self.cores, self.compute_cpu_s_per_example, 1.0 / self.compute_examples_per_s)
 
     def metrics(self) -> Dict[str, float]:
         """The measured ceilings as MLflow metrics, e.g. `compute_ceiling_examples_per_s`."""
@@ -78,6 +86,7 @@ class Ceilings:
             "compute_cpu_s_per_example": self.compute_cpu_s_per_example,
             "input_cpu_s_per_example": self.input_cpu_s_per_example,
             "cores_ceiling_examples_per_s": self.cores_examples_per_s,
+            "step_cores": self.step_cores,
         }
         return {key: value for key, value in named.items() if value is not None}
 

@@ -56,6 +56,7 @@ class State:
     batch_scale: int = 1
     host_overhead_s: float = 0.0
     fetched: bool = True
+    step_cores: int = 1
 
 
 def threads_of(state: State) -> dict:
@@ -71,7 +72,9 @@ def threads_of(state: State) -> dict:
 
 def predicted_batch_time_s(state: State, budget: Budget) -> float:
     """Seconds per batch of the start's size (so that states with other batch sizes compare)."""
-    per_batch = batch_time_s(state.stages, threads_of(state), state.step_time_s, budget.cores, state.prefetch)
+    per_batch = batch_time_s(
+        state.stages, threads_of(state), state.step_time_s, budget.cores, state.prefetch, state.step_cores
+    )
     return per_batch / state.batch_scale
 
 
@@ -130,21 +133,22 @@ def transfer_uint8(state: State, profile: Profile, budget: Budget):
 
 
 def parallelize(state: State, profile: Profile, budget: Budget):
-    threads = water_fill(state.stages, state.step_time_s, budget.cores)
+    threads = water_fill(state.stages, state.step_time_s, budget.cores, state.step_cores)
     maps = [stage for stage in state.stages if stage.kind == MAP and stage.parallel]
     map_threads = max((threads[stage.name] for stage in maps), default=1)
     sources = [stage for stage in state.stages if stage.kind == SOURCE and stage.parallel]
     width = min(max((threads[stage.name] for stage in sources), default=1), max(profile.num_files, 1))
     if (map_threads, width) == (state.map_parallelism, state.interleave_width):
         return None
-    rate = sustainable_rate(state.stages, state.step_time_s, budget.cores)
+    rate = sustainable_rate(state.stages, state.step_time_s, budget.cores, state.step_cores)
+    held = f", holding {state.step_cores} cores" if state.step_cores > 1 else ""
     overrides, parts = {}, []
     if map_threads != state.map_parallelism and maps:
         heaviest = max(maps, key=lambda stage: stage.cost_per_batch_s)
         overrides["pipeline.map_parallelism"] = str(map_threads)
         parts.append(
             f"{heaviest.name}: {ms(heaviest.cost_per_batch_s)} per batch on one core; {budget.cores} cores shared "
-            f"with the other stages and the step ({ms(state.step_time_s)}) sustain {rate:,.1f} batches/s → "
+            f"with the other stages and the step ({ms(state.step_time_s)}{held}) sustain {rate:,.1f} batches/s → "
             f"map_parallelism {map_threads}"
         )
     if width != state.interleave_width and sources:
@@ -335,6 +339,7 @@ def initial_state(profile: Profile, start: dict) -> State:
         precision=start.get("precision", "float32"),
         host_overhead_s=profile.step_time_s * profile.host_overhead_share,
         fetched=fetched,
+        step_cores=max(profile.step_cores, 1),
     )
 
 

@@ -10,7 +10,9 @@ The model (each function's docstring says its part):
 
 - a stage that runs in parallel with p threads delivers a batch every T/p; a sequential stage
   every T; all stages and the step share the cores, so the whole pipeline delivers at most
-  cores / (sum of T over CPU stages + step time) batches per second (`sustainable_rate`);
+  cores / (sum of T over CPU stages + step time x the cores it holds) batches per second
+  (`sustainable_rate`): a step that spans several cores holds them for its wall time
+  (bwopt.measure.ceilings.step_cores), and a pipeline that runs meanwhile delays it;
 - without prefetch the step waits for the producer: a batch takes the producer's time plus the
   step's; with prefetch they overlap and a batch takes the longer of the two (`batch_time_s`);
 - a cache removes, after the first epoch, every stage at or before it; it must hold one epoch of
@@ -109,6 +111,8 @@ class Profile:
             no steps per execution).
         device_copy_s: a batch's copy from host memory to the accelerator at the bandwidth the
             probe measured; 0 where none was measured (a CPU target: nothing to copy).
+        step_cores: the whole cores the step holds while it runs, measured with the start's
+            ceilings (bwopt.measure.ceilings.step_cores); 1 where not measured.
     """
 
     stages: Tuple[Stage, ...]
@@ -131,6 +135,7 @@ class Profile:
     device: str = "cpu"
     device_copy_s: float = 0.0
     strategy: str = "default"
+    step_cores: int = 1
 
 
 def sixteen_bit_precision(
@@ -192,20 +197,21 @@ def cpu_time_per_batch_s(stages: Sequence[Stage]) -> float:
     return sum(stage.cost_per_batch_s for stage in stages if not stage.io_bound)
 
 
-def sustainable_rate(stages: Sequence[Stage], step_time_s: float, cores: int) -> float:
-    """Batches per second the water can rise to: every core busy on the stages and the step, or a
-    sequential stage (or the step) saturated, whichever comes first."""
-    cpu_bound = cores / max(cpu_time_per_batch_s(stages) + step_time_s, 1e-12)
+def sustainable_rate(stages: Sequence[Stage], step_time_s: float, cores: int, step_cores: int = 1) -> float:
+    """Batches per second the water can rise to: every core busy on the stages and the step (which
+    holds `step_cores` for its time), or a sequential stage (or the step) saturated, whichever
+    comes first."""
+    cpu_bound = cores / max(cpu_time_per_batch_s(stages) + step_cores * step_time_s, 1e-12)
     sequential = [stage.cost_per_batch_s for stage in stages if not stage.parallel] + [step_time_s]
     return min(cpu_bound, 1.0 / max(max(sequential), 1e-12))
 
 
-def water_fill(stages: Sequence[Stage], step_time_s: float, cores: int) -> Dict[str, int]:
+def water_fill(stages: Sequence[Stage], step_time_s: float, cores: int, step_cores: int = 1) -> Dict[str, int]:
     """Threads per stage that sustain `sustainable_rate`: ceil(cost x rate) for a parallel stage,
     capped at the cores (at the files for an I/O-bound one it is the caller's cap); 1 for a
     sequential one. Giving the threads to the most loaded stage first until the cores run out ends
     at the same level: the optimum of max(T_i / p_i) under sum(T_i) x rate <= cores."""
-    rate = sustainable_rate(stages, step_time_s, cores)
+    rate = sustainable_rate(stages, step_time_s, cores, step_cores)
     threads = {}
     for stage in stages:
         if not stage.parallel:
@@ -222,12 +228,15 @@ def producer_period_s(stages: Sequence[Stage], threads: Dict[str, int], cores: i
     return max(slowest, cpu_time_per_batch_s(stages) / cores)
 
 
-def batch_time_s(stages: Sequence[Stage], threads: Dict[str, int], step_time_s: float, cores: int, prefetch: int):
-    """Seconds per training batch: the producer then the step (prefetch 0), or both overlapped."""
+def batch_time_s(
+    stages: Sequence[Stage], threads: Dict[str, int], step_time_s: float, cores: int, prefetch: int, step_cores: int = 1
+):
+    """Seconds per training batch: the producer then the step (prefetch 0), or both overlapped,
+    the cores shared by the stages' CPU time and the step's held cores for its time."""
     producer = producer_period_s(stages, threads, cores)
     if prefetch == 0:
         return producer + step_time_s
-    return max(producer, step_time_s, (cpu_time_per_batch_s(stages) + step_time_s) / cores)
+    return max(producer, step_time_s, (cpu_time_per_batch_s(stages) + step_cores * step_time_s) / cores)
 
 
 # --- single decisions --------------------------------------------------------------------------

@@ -91,16 +91,19 @@ CONCURRENCY = ("parallelize", "prefetch")
 def busy_cores_reason(proposal_name: str, incumbent: "Trial") -> Optional[str]:
     """Why a proposal that only adds threads or overlap is not tried on `incumbent`: every core is
     busy (at 90 % or more of its cores ceiling, below the other ceilings, and, where measured, at
-    least `BUSY_SHARE` of its cores kept busy by training); None when it may help."""
+    least `BUSY_SHARE` of its cores held by training: kept busy, or held idle by a step that spans
+    them, `Trial.cores_held`); None when it may help."""
     others = [value for value in (incumbent.compute_ceiling, incumbent.input_ceiling) if value]
     if proposal_name not in CONCURRENCY or not incumbent.throughput:
         return None
     if not cores_bound(incumbent.throughput, incumbent.cores_ceiling, others):
         return None
-    busy, cores = incumbent.cores_busy, incumbent.cores_available
-    if busy is not None and cores and busy < BUSY_SHARE * cores:  # the estimate says busy, the clock does not
+    busy, held, cores = incumbent.cores_busy, incumbent.cores_held, incumbent.cores_available
+    if held is not None and cores and held < BUSY_SHARE * cores:  # the estimate says busy, the clock does not
         return None
     measured = "" if busy is None else f", {busy:.2f} cores busy"
+    if held is not None and busy is not None and held > busy + 0.005:
+        measured += f", {held:.2f} held by training with the step's idle share"
     return (
         f"every core busy: trial {incumbent.number} runs at {incumbent.throughput / incumbent.cores_ceiling:.2f} "
         f"of its cores ceiling ({incumbent.cores_ceiling:,.0f} examples/s{measured}), so more threads or overlap "

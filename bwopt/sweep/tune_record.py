@@ -52,6 +52,9 @@ class Trial:
             cores ceiling is what the step and the pipeline sustain together on the cores they share).
         cores_busy, cores_available: the cores its training kept busy, measured over its timed
             steps, and the cores it had (None when not measured).
+        step_cores, compute_cpu_s_per_example: the whole cores the step holds while it runs
+            (bwopt.measure.ceilings.step_cores) and its CPU time per example, measured with the
+            ceilings (None when not).
         step_partition: part -> share of step time.
         val_accuracy: the final validation accuracy.
         wall_s, cpu_s: the job's processes (every repeat), start to end.
@@ -71,6 +74,8 @@ class Trial:
     cores_ceiling: Optional[float] = None
     cores_busy: Optional[float] = None
     cores_available: Optional[float] = None
+    step_cores: Optional[int] = None
+    compute_cpu_s_per_example: Optional[float] = None
     step_partition: Dict[str, float] = field(default_factory=dict)
     val_accuracy: Optional[float] = None
     wall_s: float = 0.0
@@ -87,6 +92,21 @@ class Trial:
     @property
     def failed(self) -> bool:
         return self.throughput is None
+
+    @property
+    def cores_held(self) -> Optional[float]:
+        """The cores its training holds: those it kept busy, plus those a step that spans several
+        holds but leaves idle between its ops (its whole cores for its wall time less its CPU time,
+        per example, times the throughput); the cores busy where the step holds one or was not
+        measured."""
+        if self.cores_busy is None or not (self.step_cores and self.step_cores > 1 and self.compute_ceiling):
+            return self.cores_busy
+        if not self.throughput:
+            return self.cores_busy
+        if self.compute_cpu_s_per_example is None:
+            return self.cores_busy
+        idle = max(0.0, self.step_cores / self.compute_ceiling - self.compute_cpu_s_per_example)
+        return self.cores_busy + idle * self.throughput
 
     @property
     def run_blocks(self) -> List[int]:
@@ -143,13 +163,23 @@ def read_trial(folder: Path, trial: Trial) -> Trial:
     trial.input_ceiling = measurements.get("input_ceiling_examples_per_s")
     trial.cores_ceiling = measurements.get("cores_ceiling_examples_per_s")
     trial.cores_busy, trial.cores_available = figures.get("cores_busy"), measurements.get("cores_available")
+    trial.step_cores = measurements.get("step_cores")
+    trial.compute_cpu_s_per_example = measurements.get("compute_cpu_s_per_example")
     trial.step_partition = figures.get("step_partition") or {}
     trial.slow_time_fractions = [figures.get("slow_time_fraction")]
     trial.val_accuracy = job.val_accuracy
     return trial
 
 
-MEDIANS = ("throughput", "compute_ceiling", "input_ceiling", "cores_ceiling", "cores_busy", "val_accuracy")
+MEDIANS = (
+    "throughput",
+    "compute_ceiling",
+    "input_ceiling",
+    "cores_ceiling",
+    "cores_busy",
+    "compute_cpu_s_per_example",
+    "val_accuracy",
+)
 
 
 def read_repeats(folders: Sequence[Path], trial: Trial, blocks: Optional[Sequence[int]] = None) -> Trial:

@@ -117,7 +117,8 @@ def start_knobs(config: DictConfig, cores: int) -> Dict[str, Any]:
 
 
 def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
-    """The cost model's view: the probe's stages and the start's step time and host overhead."""
+    """The cost model's view: the probe's stages and the start's step time, the cores its step
+    holds and its host overhead."""
     fields = set(Stage.__dataclass_fields__)
     stages = tuple(
         Stage(**{key: value for key, value in stage.items() if key in fields}) for stage in picture["stages"]
@@ -144,6 +145,7 @@ def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
         device=picture["device"],
         device_copy_s=picture["device_copy_s"],
         strategy=picture["strategy"],
+        step_cores=int(start.step_cores or 1),
     )
 
 

@@ -134,3 +134,23 @@ def test_the_cpu_clock_reads_the_cpu_time_steps_spend_and_not_the_time_they_slee
     # iterator) can only add to it.
     assert 10 * SLEEP_S <= spinning.cpu_s <= 20 * SLEEP_S
     assert sleeping.cpu_s < 3 * SLEEP_S
+
+
+def test_a_step_holds_the_whole_cores_it_keeps_busy_and_the_cores_ceiling_counts_them():
+    """The cores ceiling of a step that spans the cores counts them for its wall time: on 2 cores a
+    step of 3.2 ms per example that keeps 1.74 cores busy (5.6 CPU-ms, MobileNetV2 at 64x64 on this
+    machine) holds both, so with 0.56 CPU-ms of pipeline per example the cores sustain
+    2 / (2 x 3.2 + 0.56) = 287 examples/s, not 2 / (5.6 + 0.56) = 325."""
+    from bwopt.measure.ceilings import cores_ceiling, step_cores
+
+    assert step_cores(2, 0.0056, 0.0032) == 2
+    assert step_cores(2, 0.0014, 0.0010) == 1  # 1.4 cores: its other threads mostly sleep
+    assert step_cores(2, 0.0100, 0.0010) == 2  # never more than the cores
+    assert step_cores(16, 0.0053, 0.0010) == 5
+    assert step_cores(2, 0.0005, 0.0010) == 1  # a step that waits (on an accelerator) holds one
+    assert cores_ceiling(2, 0.0056, 0.00056, 0.0032) == pytest.approx(2 / (2 * 0.0032 + 0.00056))
+    assert cores_ceiling(2, 0.0056, 0.00056) == pytest.approx(2 / (0.0056 + 0.00056))  # no wall time: CPU alone
+    # A step on one core costs its CPU time: more than its wall time (1.4 cores busy), or less
+    # (a step that waits, on an accelerator, 0.3 cores busy).
+    assert cores_ceiling(2, 0.0014, 0.0006, 0.0010) == pytest.approx(2 / (0.0014 + 0.0006))
+    assert cores_ceiling(2, 0.0003, 0.0006, 0.0010) == pytest.approx(2 / (0.0003 + 0.0006))

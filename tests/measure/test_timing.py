@@ -454,6 +454,19 @@ def test_the_cores_row_names_both_cpu_costs_and_says_when_every_core_is_busy():
         assert row.startswith("step 0.0200 + input 0.0600 CPU-ms per example on 2 cores: about 25,000.0 examples/s")
         assert f"training {throughput / 25e3:.0%} of it" in row
         assert ("every core busy" in row) == busy
+    # A step that keeps 1.6 cores busy alone holds 2 for its 0.0125 ms per example: 0.0250 of them.
+    spans = {
+        **figures,
+        "compute_ceiling_examples_per_s": 80_000.0,
+        "step_cores": 2,
+        "cores_ceiling_examples_per_s": 23_529.4,
+    }
+    row = " ".join(figures_table(spans).split("cores", 1)[1].split("efficiency")[0].split())
+    assert row.startswith(
+        "step 0.0200 (it holds 2 cores for its 0.0125 ms: 0.0250) + input 0.0600 CPU-ms per example on 2 cores"
+    )
+    one = {**figures, "compute_ceiling_examples_per_s": 80_000.0, "step_cores": 1}
+    assert "holds" not in figures_table(one)
 
 
 def test_the_cpu_row_gives_the_cores_kept_busy_with_its_interval_and_the_cpu_per_example():

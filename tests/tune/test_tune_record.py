@@ -55,6 +55,26 @@ def test_with_every_core_busy_tune_does_not_try_more_threads_or_overlap_but_stil
     assert busy_cores_reason("prefetch", busy) is None
 
 
+def test_a_step_that_spans_the_cores_holds_them_idle_between_its_ops_and_tune_counts_them_busy():
+    """MobileNetV2 at 64x64 on 2 cores (experiment=imagenet_like pipeline=naive, measured): 275
+    examples/s, 1.69 cores busy, the step alone 310 examples/s at 5.62 CPU-ms per example (1.74
+    cores), so it holds both for 3.23 ms per example, 0.83 ms of it idle: at 275 examples/s
+    0.23 cores more are held, 1.92 in all, and more threads or overlap are not tried."""
+    from bwopt.sweep.tune_plan import busy_cores_reason
+
+    start = Trial(0, "start", "the workload as given", {}, 275.0, [269.0, 281.0], 310.0, 2180.0)
+    start.cores_ceiling, start.cores_busy, start.cores_available = 286.0, 1.69, 2.0
+    assert start.cores_held == 1.69  # the step's cores not measured: those kept busy
+    start.step_cores, start.compute_cpu_s_per_example = 2, 0.00562
+    assert start.cores_held == pytest.approx(1.69 + (2 / 310 - 0.00562) * 275)
+    assert start.cores_held == pytest.approx(1.92, abs=0.01)
+    reason = busy_cores_reason("prefetch", start)
+    assert "1.69 cores busy, 1.92 held by training with the step's idle share" in reason
+    start.step_cores = 1  # a step on one core leaves the other free: the clock decides as before
+    assert start.cores_held == 1.69
+    assert busy_cores_reason("prefetch", start) is None
+
+
 def test_a_trial_reads_the_cores_its_training_kept_busy_from_its_summary(tmp_path):
     import json
 
@@ -64,11 +84,17 @@ def test_a_trial_reads_the_cores_its_training_kept_busy_from_its_summary(tmp_pat
         "status": "FINISHED",
         "run_id": None,
         "figures": {"throughput_examples_per_s": 22_000.0, "cores_busy": 1.93},
-        "measurements": {"cores_ceiling_examples_per_s": 24_000.0, "cores_available": 2.0},
+        "measurements": {
+            "cores_ceiling_examples_per_s": 24_000.0,
+            "cores_available": 2.0,
+            "step_cores": 2,
+            "compute_cpu_s_per_example": 1.5e-5,
+        },
     }
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     trial = read_trial(tmp_path, Trial(1, "prefetch", "…", {}))
     assert (trial.cores_busy, trial.cores_available, trial.cores_ceiling) == (1.93, 2.0, 24_000.0)
+    assert (trial.step_cores, trial.compute_cpu_s_per_example) == (2, 1.5e-5)
 
 
 def repeated(number: int, runs) -> Trial:
