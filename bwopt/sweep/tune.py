@@ -290,7 +290,7 @@ class PipelineTuner(Sweeper):
         pool_intervals(self.trials, pooled)  # the table's and the plot's intervals, as compared
         tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
         plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
-        line = closing_line(start, final, self.launched, elapsed_s, pooled, drift)
+        line = closing_line(start, final, self.launched, elapsed_s, pooled, drift, len(self.trials))
         rounds = rounds_sentence(self.settings.extra_rounds, self.level, sorted(set(self.extended)))
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
         episodes = slow_sentence(self.trials)

@@ -142,19 +142,24 @@ def closing_line(
     elapsed_s: float,
     pooled: Optional[Tuple[float, int]] = None,
     drift: Optional[Tuple[float, int]] = None,
+    num_trials: int = 0,
 ) -> str:
-    """'tuned: ×3.1 over the start (95 % CI ×2.8–×3.4), 0.93 of the input ceiling, 4 runs, 2 min'."""
+    """'tuned: ×3.1 over the start (95 % CI ×2.8–×3.4), 0.93 of the input ceiling, 4 runs, 2 min'
+    (`num_trials`: the trials run, the start's included; 1 says no change was run)."""
     minutes = f"{elapsed_s / 60:.0f} min" if elapsed_s >= 90 else f"{elapsed_s:.0f} s"
     if start.failed or final.failed:
         return f"tuned: nothing measured to compare, {num_runs} runs, {minutes}"
-    if final is start:
+    if final is start and num_trials == 1:
+        gain = "the start as given, no change run"
+    elif final is start:
         gain = "no change beat the start beyond the noise"
     else:
         comparison = against(final, start, pooled, drift)
         low, high = comparison.ci95
         gain = f"×{comparison.ratio:.1f} over the start (95 % CI ×{low:.1f}–×{high:.1f})"
     ceiling = f", {final.of_ceiling:.2f} of the {final.ceiling_name}" if final.of_ceiling else ""
-    return f"tuned: {gain}{ceiling}, {num_runs} runs, {minutes}"
+    runs = f"{num_runs} run" if num_runs == 1 else f"{num_runs} runs"
+    return f"tuned: {gain}{ceiling}, {runs}, {minutes}"
 
 
 def tuned_overrides(base: Sequence[str], overrides: Dict[str, str]) -> List[str]:

@@ -200,3 +200,45 @@ def test_past_the_target_only_a_change_that_moves_the_ceiling_is_still_tried(tmp
     assert ran == [[], [f"{key}={value}" for key, value in overrides.items()]]  # the start, then it; never prefetch
     assert result["tuned"] == overrides
     assert "Stopped: reached 0.9 of the compute ceiling" in (tmp_path / "tune.md").read_text()
+
+
+class HeldCoresLauncher(ScriptedLauncher):
+    """Every run as experiment=imagenet_like pipeline=naive measured on 2 cores: 275 examples/s,
+    1.69 cores busy, its step alone 310 examples/s at 5.62 CPU-ms per example, holding both cores,
+    so the cores sustain 286 examples/s with the pipeline's 0.56 CPU-ms."""
+
+    def launch(self, job_overrides, initial_job_idx: int):
+        (overrides,) = job_overrides
+        folder = self.sweep_dir / str(initial_job_idx)
+        folder.mkdir(parents=True)
+        figures = {
+            "throughput_examples_per_s": 275.0,
+            "throughput_examples_per_s_ci95": [269.0, 281.0],
+            "cores_busy": 1.69,
+        }
+        measurements = {
+            "compute_ceiling_examples_per_s": 310.0,
+            "input_ceiling_examples_per_s": 2180.0,
+            "cores_ceiling_examples_per_s": 286.0,
+            "compute_cpu_s_per_example": 0.00562,
+            "step_cores": 2,
+            "cores_available": 2.0,
+        }
+        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": measurements}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
+        self.launched.append(list(overrides))
+        return []
+
+
+def test_a_start_whose_step_holds_every_core_runs_no_overlap_and_says_no_change_was_run(tmp_path):
+    tuner = PlannedTuner(max_trials=5, repeats=1, rerun_incumbent=False, extra_rounds=0)
+    tuner.proposals = (Proposal("prefetch", {"pipeline.prefetch": "2"}, "overlap"),)
+    tuner.sweep_dir, tuner.probe_file = tmp_path, tmp_path / "tune_probe_start.json"
+    tuner.launcher = HeldCoresLauncher(tmp_path, {})
+    result = tuner.sweep([])
+    assert len(tuner.launcher.launched) == 1 and result["tuned"] == {}
+    text = (tmp_path / "tune.md").read_text()
+    assert text.startswith("**tuned: the start as given, no change run, 0.96 of the cores ceiling, 1 run, ")
+    assert "Not tried: prefetch (every core busy: trial 0 runs at 0.96 of its cores ceiling (286 examples/s, " in text
+    assert "1.69 cores busy, 1.92 held by training with the step's idle share)" in text
