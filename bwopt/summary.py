@@ -127,6 +127,7 @@ def advise(workload: "Workload", figures: TimingFigures, measurements: Dict[str,
         compute_ceiling_examples_per_s=compute,
         input_ceiling_examples_per_s=input_,
         cores_ceiling_examples_per_s=cores,
+        step_cores=measurements.get("step_cores"),
     )
 
 

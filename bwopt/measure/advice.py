@@ -174,6 +174,7 @@ def recommend(
     compute_ceiling_examples_per_s: Optional[float] = None,
     input_ceiling_examples_per_s: Optional[float] = None,
     cores_ceiling_examples_per_s: Optional[float] = None,
+    step_cores: Optional[int] = None,
 ) -> str:
     """One or two sentences on what limits the run and which knob to turn next.
 
@@ -182,7 +183,8 @@ def recommend(
     `train.steps_per_execution`; runs bound by both get both cures, the larger share's first;
     compute-bound runs get the compute-side knobs. The ceilings,
     when measured, are quoted next to the throughput. An input-bound run at 90 % or more of a cores
-    ceiling below both others keeps every core busy: it is told to spend less CPU per example.
+    ceiling below both others keeps every core busy: it is told to spend less CPU per example
+    (with `step_cores`, the whole cores the step holds while it runs, said where it holds several).
     """
     verdict = figures.verdict or (
         "compute-bound" if figures.input_bound_verdict == "not input-bound" else figures.input_bound_verdict
@@ -220,9 +222,14 @@ def recommend(
     if cores_bound(figures.throughput_examples_per_s, cores_ceiling_examples_per_s, rate_ceilings):
         share = figures.throughput_examples_per_s / cores_ceiling_examples_per_s
         busy = "" if figures.cores_busy is None else f" ({figures.cores_busy:.2f} cores, measured over the timed steps)"
+        step = "the step's and"
+        if step_cores and step_cores > 1:
+            held = f"the step holds {step_cores} while it runs"
+            busy = f"{busy[:-1]}; {held})" if busy else f" ({held})"
+            step = f"the step's {step_cores} cores for its time and"
         return (
             f"{diagnosis}. Every core is busy{busy}: training runs at {share:.0%} of the cores ceiling "
-            f"({cores_ceiling_examples_per_s:,.0f} examples/s, the step's and the pipeline's CPU time per "
+            f"({cores_ceiling_examples_per_s:,.0f} examples/s, {step} the pipeline's CPU time per "
             "example together), so more parallelism or prefetch cannot help: spend less CPU per example "
             "(pipeline.cache where the work is deterministic, pipeline.vectorized_map=true, cheaper maps) "
             "or add cores"

@@ -137,33 +137,25 @@ def test_recommendation_for_an_input_bound_run_names_the_knobs_that_are_off():
 def test_an_input_bound_run_at_its_cores_ceiling_is_told_to_spend_less_cpu_not_to_overlap_more():
     figures = figures_with_input_wait(0.0043, 0.0057)  # 3,200 examples/s
     knobs = PipelineKnobs(prefetch=0, map_parallelism=1, cache="off", transfer_dtype="float32")
-    text = recommend(
-        figures,
-        knobs,
-        compute_ceiling_examples_per_s=6000.0,
-        input_ceiling_examples_per_s=3500.0,
-        cores_ceiling_examples_per_s=3300.0,
-    )
+
+    def advice(figures, cores=3300.0, **extra) -> str:
+        ceilings = dict(compute_ceiling_examples_per_s=6000.0, input_ceiling_examples_per_s=3500.0)
+        return recommend(figures, knobs, **ceilings, cores_ceiling_examples_per_s=cores, **extra)
+
+    text = advice(figures)
     assert "Every core is busy: training runs at 97% of the cores ceiling (3,300 examples/s" in text
     assert "spend less CPU per example" in text and "try pipeline=tuned" not in text
     # With the cores the steps kept busy measured, the sentence quotes them.
-    text = recommend(
-        replace(figures, cores_busy=1.953),
-        knobs,
-        compute_ceiling_examples_per_s=6000.0,
-        input_ceiling_examples_per_s=3500.0,
-        cores_ceiling_examples_per_s=3300.0,
-    )
+    text = advice(replace(figures, cores_busy=1.953))
     assert "Every core is busy (1.95 cores, measured over the timed steps): training runs at 97%" in text
+    assert "(3,300 examples/s, the step's and the pipeline's CPU time per example together)" in text
+    # A step that spans both cores holds them while it runs, though they idle between its ops.
+    text = advice(replace(figures, cores_busy=1.69), step_cores=2)
+    assert "Every core is busy (1.69 cores, measured over the timed steps; the step holds 2 while it runs)" in text
+    assert "(3,300 examples/s, the step's 2 cores for its time and the pipeline's CPU time per example" in text
     # A cores ceiling above another ceiling, or one training is far from, is not the limit.
     for cores in (4000.0, 4500.0):
-        text = recommend(
-            figures,
-            knobs,
-            compute_ceiling_examples_per_s=6000.0,
-            input_ceiling_examples_per_s=3500.0,
-            cores_ceiling_examples_per_s=cores,
-        )
+        text = advice(figures, cores)
         assert "Every core is busy" not in text and "try pipeline=tuned" in text
 
 
