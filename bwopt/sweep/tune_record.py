@@ -99,11 +99,8 @@ class Trial:
         holds but leaves idle between its ops (its whole cores for its wall time less its CPU time,
         per example, times the throughput); the cores busy where the step holds one or was not
         measured."""
-        if self.cores_busy is None or not (self.step_cores and self.step_cores > 1 and self.compute_ceiling):
-            return self.cores_busy
-        if not self.throughput:
-            return self.cores_busy
-        if self.compute_cpu_s_per_example is None:
+        measured = (self.cores_busy, self.compute_ceiling, self.compute_cpu_s_per_example, self.throughput)
+        if None in measured or not (self.step_cores and self.step_cores > 1 and self.compute_ceiling):
             return self.cores_busy
         idle = max(0.0, self.step_cores / self.compute_ceiling - self.compute_cpu_s_per_example)
         return self.cores_busy + idle * self.throughput
