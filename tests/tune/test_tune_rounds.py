@@ -33,17 +33,21 @@ class ScriptedLauncher:
         (overrides,) = job_overrides
         who = "candidate" if "pipeline.prefetch=2" in overrides else "start"
         throughput = self.script[who].pop(0)
-        folder = self.sweep_dir / str(initial_job_idx)
-        folder.mkdir(parents=True)
         figures = {
             "throughput_examples_per_s": throughput,
             "throughput_examples_per_s_ci95": [throughput * 0.99, throughput * 1.01],
         }
-        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": {}}
-        (folder / "summary.json").write_text(json.dumps(summary))
-        (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
+        self.write_job(initial_job_idx, overrides, figures, {})
         self.launched.append((who, throughput))
         return []
+
+    def write_job(self, index: int, overrides, figures: dict, measurements: dict) -> None:
+        """Job folder `index` as a finished job leaves it: its summary and its job record."""
+        folder = self.sweep_dir / str(index)
+        folder.mkdir(parents=True)
+        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": measurements}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
 
 
 def tune_with(tmp_path: Path, script: Dict[str, List[float]], **settings) -> BwoptTuner:
@@ -152,16 +156,12 @@ class CeilingLauncher(ScriptedLauncher):
         (overrides,) = job_overrides
         sixteen_bit = any(change in overrides for change in self.FASTER)
         throughput = 1900.0 if sixteen_bit else 950.0
-        folder = self.sweep_dir / str(initial_job_idx)
-        folder.mkdir(parents=True)
         figures = {
             "throughput_examples_per_s": throughput,
             "throughput_examples_per_s_ci95": [throughput * 0.99, throughput * 1.01],
         }
         measurements = {"compute_ceiling_examples_per_s": 2000.0 if sixteen_bit else 1000.0}
-        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": measurements}
-        (folder / "summary.json").write_text(json.dumps(summary))
-        (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
+        self.write_job(initial_job_idx, overrides, figures, measurements)
         self.launched.append(list(overrides))
         return []
 
@@ -209,8 +209,6 @@ class HeldCoresLauncher(ScriptedLauncher):
 
     def launch(self, job_overrides, initial_job_idx: int):
         (overrides,) = job_overrides
-        folder = self.sweep_dir / str(initial_job_idx)
-        folder.mkdir(parents=True)
         figures = {
             "throughput_examples_per_s": 275.0,
             "throughput_examples_per_s_ci95": [269.0, 281.0],
@@ -224,9 +222,7 @@ class HeldCoresLauncher(ScriptedLauncher):
             "step_cores": 2,
             "cores_available": 2.0,
         }
-        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": measurements}
-        (folder / "summary.json").write_text(json.dumps(summary))
-        (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
+        self.write_job(initial_job_idx, overrides, figures, measurements)
         self.launched.append(list(overrides))
         return []
 
