@@ -5,7 +5,8 @@
    incumbent once more beside each candidate; tracking=none), timed by the wall clock; its
    tuned.yaml, number of runs, closing line and table (the reasons left out) are read back.
 2. Optionally (`--search N`) the Optuna search over the same workload, `hparams_search=pipeline`
-   with N trials, its best overrides read from search.yaml.
+   with N trials, its best overrides read from search.yaml; or (`--search-best OVERRIDES`) the
+   best overrides an earlier search named, re-measured beside the rest.
 3. The final configurations re-measured in this process, alternated round by round (order
    reversed every other round), each run a real bwopt experiment (`bwopt.modes.run`, the real
    conf/ composed, `measure.ceilings=true`):
@@ -25,7 +26,8 @@ Targets: tune ÷ start ≥ 1, tune ≥ 0.9 of min(ceilings), tune ≥ 1.2 × aut
 everything (where caching or placement matters), tune ≥ pipeline=tuned, tune ≥ search's best.
 
 Run: `.venv/bin/python benchmarks/tune_payoff.py [--workload pipelines|imagenet_like] [--search N]
-[--rounds K]` (pipelines: about 8 min on 2 cores; imagenet_like: about 20 min).
+[--rounds K] [--allow CHANGE ...]` (`--allow decode`: tune's `hydra.sweeper.allow=[decode]`;
+pipelines: about 8 min on 2 cores; imagenet_like: about 20 min).
 `BWOPT_BENCHMARK_SMOKE=1` runs a one-trial tuning of a shrunk workload and one round (the smoke test).
 """
 
@@ -71,9 +73,10 @@ def bwopt_sweep(arguments, folder: Path) -> float:
     return time.perf_counter() - started
 
 
-def tune(workload, folder: Path, max_trials: int):
+def tune(workload, folder: Path, max_trials: int, allow=()):
     smoke = ["hydra.sweeper.probe=false", "hydra.sweeper.repeats=1"] if SMOKE else []
     settings = [f"hydra.sweeper.max_trials={max_trials}", *smoke]
+    settings += [f"hydra.sweeper.allow=[{','.join(allow)}]"] if allow else []
     wall_s = bwopt_sweep(["tune=pipeline", *workload, "pipeline=naive", *settings], folder)
     tuned = (folder / "tuned.yaml").read_text().split()
     report = (folder / "tune.md").read_text()
@@ -97,12 +100,16 @@ def main() -> None:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="pipelines")
     parser.add_argument("--search", type=int, default=0, metavar="N", help="also run a search of N trials")
     parser.add_argument("--rounds", type=int, default=1 if SMOKE else 3)
+    parser.add_argument("--allow", nargs="*", default=[], metavar="CHANGE", help="tune's hydra.sweeper.allow")
+    parser.add_argument("--search-best", nargs="+", metavar="OVERRIDE", help="an earlier search's best, re-measured")
     arguments = parser.parse_args()
     workload = [*WORKLOADS[arguments.workload], *(SHRUNK if SMOKE else [])]
-    print(f"tune_payoff: {arguments.workload}, {arguments.rounds} alternated round(s); {load_line()}", flush=True)
+    allowed = f", tune allowing {', '.join(arguments.allow)}" if arguments.allow else ""
+    rounds = f"{arguments.rounds} alternated round(s)"
+    print(f"tune_payoff: {arguments.workload}{allowed}, {rounds}; {load_line()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bwopt-tune-payoff-") as scratch:
         scratch = Path(scratch)
-        tuned, closing, runs, tune_s, trials = tune(workload, scratch / "tune", 1 if SMOKE else 5)
+        tuned, closing, runs, tune_s, trials = tune(workload, scratch / "tune", 1 if SMOKE else 5, arguments.allow)
         print(f"tune: {runs} run(s), {tune_s:.0f} s: {closing}")
         for line in trials:
             print(f"  trial {line}")
@@ -117,6 +124,9 @@ def main() -> None:
             best, search_s = search(workload, scratch / "search", arguments.search)
             print(f"search: {arguments.search} trials, {search_s:.0f} s; best: {' '.join(best)}", flush=True)
             sides["search"] = best
+        elif arguments.search_best:
+            print(f"search (an earlier one's best): {' '.join(arguments.search_best)}", flush=True)
+            sides["search"] = arguments.search_best
         measured = remeasure(sides, arguments.rounds, scratch / "run")
     report(measured)
 

@@ -10,8 +10,9 @@ MLflow parent run, the sweep report), one at a time, each with `measure.ceilings
    its reason, planned again after every revert on top of the changes kept; only settings that
    keep the examples and the math (parallelism, prefetch, cache before every random stage,
    vectorised maps, a lossless transfer dtype, interleave width, steps per execution, batches
-   fetched to a GPU), then, only as `hydra.sweeper.allow` lets in, a 16-bit policy (`precision`)
-   and a larger batch with its learning rate scaled (`batch_size`), both tried past the target too;
+   fetched to a GPU), then, only as `hydra.sweeper.allow` lets in, a 16-bit policy (`precision`),
+   a larger batch with its learning rate scaled (`batch_size`) and JPEGs decoded whole into a
+   cache instead of only their random crop windows (`decode`), all tried past the target too;
 3. each proposal runs on top of the incumbent, its repeats around one more run of the incumbent
    (`rerun_incumbent`), and is kept only when it is faster beyond the noise
    (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, the
@@ -150,7 +151,7 @@ class PipelineTuner(Sweeper):
         kept: List[str] = []
         rejected: List[str] = []
         while True:
-            # past the target only the opt-in changes that move the compute ceiling are left to try
+            # past the target only the opt-in changes (tune.allow) are left to try
             reached = self._reached_target(incumbent)
             proposal = next_proposal(kept, rejected, reached)
             if reached and proposal is None:
@@ -227,12 +228,12 @@ class PipelineTuner(Sweeper):
         """
         if not self.settings.probe:
             return lambda kept, rejected, opt_in_only=False: None
-        picture = run_probe(base, self.probe_file)
+        allow = self.settings.allow
+        picture = run_probe(base, self.probe_file, whole_decode="decode" in allow)
         configs = [folder / ".hydra" / "config.yaml" for folder in start.folders]
         config_file = next((path for path in configs if path.is_file()), configs[0])  # the repeats' are alike
         knobs = start_knobs(OmegaConf.load(config_file), budget.cores)
         profile = profile_of(picture, start)
-        allow = self.settings.allow
         for number, proposal in enumerate(plan(profile, budget, knobs, allow=allow), 1):
             log.info(f"proposal {number}: {proposal.name} {proposal.overrides}: {proposal.reason}")
 
@@ -309,6 +310,9 @@ class PipelineTuner(Sweeper):
         if self.probe_file.is_file():  # what the plan was made from
             picture = json.loads(self.probe_file.read_text())
             markdown += "\n\nThe start's stages (tf.data's model of the running pipeline):\n\n" + stage_table(picture)
+            if picture.get("whole_decode_stages"):
+                whole = {"stages": picture["whole_decode_stages"]}
+                markdown += "\n\nThe same pipeline decoding whole images (`allow=[decode]`):\n\n" + stage_table(whole)
         report = self.sweep_dir / "tune.md"
         report.write_text(markdown + "\n")
         print(line, flush=True)

@@ -4,9 +4,10 @@ A candidate takes the state the changes before it leave, the start's `Profile` a
 and returns (the state after it, its overrides, a one-line reason with the numbers it came from),
 or None when it does not apply. `CANDIDATES` keep the examples and the math (vectorised maps, a
 lossless transfer dtype, parallelism by water-filling, a cache, prefetch depth, steps per
-execution, batches fetched to an accelerator); `OPT_IN` change the math and run only when
-tune.allow names them (a 16-bit precision, a larger batch). Pure: no TensorFlow, no Hydra
-(bwopt.sweep.tune_decide holds the model, bwopt.sweep.tune_plan the order).
+execution, batches fetched to an accelerator); `OPT_IN` change the math or the pixels and run
+only when tune.allow names them (a 16-bit precision, a larger batch, JPEGs decoded whole into a
+cache). Pure: no TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the model,
+bwopt.sweep.tune_plan the order).
 """
 
 from dataclasses import dataclass, replace
@@ -57,6 +58,7 @@ class State:
     host_overhead_s: float = 0.0
     fetched: bool = True
     step_cores: int = 1
+    whole_decoded: bool = False
 
 
 def threads_of(state: State) -> dict:
@@ -316,8 +318,35 @@ def batch_fits(state: State, profile: Profile, budget: Budget, scale: int) -> bo
     return timed_calls > 0 and in_flight <= budget.memory_bytes * PREFETCH_MEMORY_SHARE
 
 
+def decode_whole(state: State, profile: Profile, budget: Budget):
+    """JPEGs decoded whole, before the shuffle, into a cache, where the start decodes only each
+    random crop window (`fused_decode_crop: true`): a random decode leaves nothing decoded to
+    cache. The cropped pixels may move by up to two levels (libjpeg decodes a window's edges from
+    other neighbours), so it is proposed only with `tune.allow: [decode]`, and only with a cache
+    of the decoded images within the memory budget: decoding whole images every epoch costs
+    more than decoding crop windows. The stages are the probe's of that pipeline (`Profile.whole_decode_stages`)."""
+    if state.whole_decoded or state.vectorized or not profile.whole_decode_stages:
+        return None
+    scale = state.batch_scale
+    stages = tuple(
+        replace(stage, cost_per_batch_s=stage.cost_per_batch_s * scale) for stage in profile.whole_decode_stages
+    )
+    outcome = cache(replace(state, stages=stages, cached=False, whole_decoded=True), profile, budget)
+    if outcome is None:
+        return None
+    new, cached, reason = outcome
+    decode = next((stage for stage in stages if stage.name == "map (decode)"), None)
+    decoding = f" ({ms(decode.cost_per_batch_s)} per batch, measured)" if decode else ""
+    reason = (
+        f"decoding only each random crop window leaves nothing decoded to cache; decoding whole images{decoding} "
+        f"is deterministic, before the shuffle → pipeline.fused_decode_crop=false: {reason} (moves cropped pixels "
+        "by up to two levels: allowed by tune.allow; kept only if faster and val_accuracy within the tolerance)"
+    )
+    return new, {"pipeline.fused_decode_crop": "false", **cached}, reason
+
+
 # tune.allow's names -> the candidates they let in (weighed in tune.allow's order).
-OPT_IN: Dict[str, Callable] = {"precision": lower_precision, "batch_size": enlarge_batch}
+OPT_IN: Dict[str, Callable] = {"precision": lower_precision, "batch_size": enlarge_batch, "decode": decode_whole}
 
 
 def initial_state(profile: Profile, start: dict) -> State:

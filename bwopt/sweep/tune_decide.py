@@ -26,7 +26,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 SOURCE, MAP, BATCH, SHUFFLE, OTHER = "source", "map", "batch", "shuffle", "other"
 # Opt-in settings that change the math (tune.allow): none is proposed without it.
-ALLOWED_CHANGES = ("precision", "batch_size")
+ALLOWED_CHANGES = ("precision", "batch_size", "decode")
 # What the model assumes a 16-bit policy does at best to the step: half float32's time (units that
 # run 16-bit matrix products at twice the rate); the trial measures what it does.
 SIXTEEN_BIT_SPEEDUP = 2.0
@@ -113,6 +113,9 @@ class Profile:
             probe measured; 0 where none was measured (a CPU target: nothing to copy).
         step_cores: the whole cores the step holds while it runs, measured with the start's
             ceilings (bwopt.measure.ceilings.step_cores); 1 where not measured.
+        whole_decode_stages: where the start decodes only the crop windows of images cropped at
+            random, the stages of the same pipeline decoding whole images, the decoding a
+            deterministic stage before the shuffle (probed with tune.allow=[decode]); else None.
     """
 
     stages: Tuple[Stage, ...]
@@ -136,6 +139,7 @@ class Profile:
     device_copy_s: float = 0.0
     strategy: str = "default"
     step_cores: int = 1
+    whole_decode_stages: Optional[Tuple[Stage, ...]] = None
 
 
 def sixteen_bit_precision(

@@ -4,10 +4,11 @@ From the start's `Profile` every candidate change (vectorised maps, a lossless t
 parallelism by water-filling, a cache, prefetch depth, steps per execution, batches fetched to
 an accelerator) is applied to the model in turn; the one with the largest predicted gain is
 taken, the model updated, and the rest weighed again on top of it, until no candidate is
-predicted to gain `MIN_PREDICTED_GAIN`; then the changes to the math that tune.allow lets in
-(`OPT_IN`: a 16-bit precision, a larger batch). Each proposal carries its overrides and a
-one-line reason with the numbers it came from. Pure: no TensorFlow, no Hydra
-(bwopt.sweep.tune_decide holds the model, bwopt.sweep.tune_changes the candidates).
+predicted to gain `MIN_PREDICTED_GAIN`; then the changes to the math or the pixels that
+tune.allow lets in (`OPT_IN`: a 16-bit precision, a larger batch, JPEGs decoded whole into a
+cache). Each proposal carries its overrides and a one-line reason with the numbers it came from.
+Pure: no TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the model, bwopt.sweep.tune_changes
+the candidates).
 `busy_cores_reason` says which proposals a measured trial leaves no room for.
 """
 
@@ -21,8 +22,10 @@ if TYPE_CHECKING:
     from bwopt.sweep.tune_record import Trial
 
 
-# The proposals that change the step itself: past the target fraction of the compute ceiling they
-# are still tried, since they move the ceiling.
+# The opt-in proposals: past the target fraction of the compute ceiling they are still tried (the
+# user named them), since they move a ceiling: a 16-bit policy and a larger batch the compute
+# ceiling, whole images decoded into a cache the cores ceiling (the decoding leaves the cores the
+# step shares).
 OPT_IN_NAMES = frozenset(candidate_name(candidate) for candidate in OPT_IN.values())
 
 

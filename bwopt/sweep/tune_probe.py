@@ -1,6 +1,6 @@
 """The per-stage picture of a training pipeline, from tf.data's own performance model, in a fresh process.
 
-`python -m bwopt.sweep.tune_probe OVERRIDES_JSON OUTPUT_JSON` composes bwopt's config with the
+`python -m bwopt.sweep.tune_probe OVERRIDES_JSON OUTPUT_JSON [--whole-decode]` composes bwopt's config with the
 overrides (a trial's), builds its training pipeline exactly as a run does (bwopt.inputs), reads
 batches from it alone (no model, no step) and asks TensorFlow for the iterator's analytical model
 (`tf.data.experimental.get_model_proto`, TensorFlow >= 2.15: per node, elements produced, its own
@@ -19,7 +19,9 @@ preprocessing, no cache) does in its random map what a cache would do before the
 decoding, which is deterministic there. tf.data's model cannot see it apart (the map is one
 node), so up to 64 training images (bwopt.memory.SAMPLED_IMAGES) are decoded alone, as the pipeline decodes
 them, for the CPU time and the bytes of one; that much per batch moves out of the random map
-into a stage of its own before the shuffle, which hands on the decoded images.
+into a stage of its own before the shuffle, which hands on the decoded images. A start that
+decodes only each crop window (`fused_decode_crop: true`) is probed that way a second time, with
+`--whole-decode` (tune.allow=[decode]): the stages of the pipeline decoding whole images.
 
 The nodes on the pipeline's main chain become stages (bwopt.sweep.tune_decide.Stage): the source
 (with every node off the chain: files read through interleave, the positions zipped in), the maps
@@ -42,6 +44,8 @@ WARMUP_BATCHES = 3
 # CPU seconds of decoding images alone for the cost of one (`decoding_cost`).
 DECODE_WINDOW_S = 0.3
 PASSES = 8
+# What tune.allow=[decode] proposes from a fused decode of crop windows, probed without a cache.
+WHOLE_DECODE = ["pipeline.fused_decode_crop=false", "pipeline.cache=off"]
 MEASURING = [
     "tracking=none",
     "measure.ceilings=false",
@@ -292,8 +296,10 @@ def decode_apart(pipeline, source) -> bool:
     return images and not pipeline.fused_decode_crop and not caches(pipeline)
 
 
-def probe(overrides: List[str]) -> Dict[str, object]:
-    """The per-stage picture of the training pipeline these overrides configure."""
+def probe(overrides: List[str], whole_decode: bool = False) -> Dict[str, object]:
+    """The per-stage picture of the training pipeline these overrides configure; with `whole_decode`
+    and a start that decodes only the crop windows of images cropped at random, the stages of the
+    same pipeline decoding whole images (`WHOLE_DECODE`), measured in a window of their own."""
     from hydra import compose, initialize_config_dir
 
     from bwopt.app import config_dir, validate
@@ -318,14 +324,23 @@ def probe(overrides: List[str]) -> Dict[str, object]:
     def measure(cfg) -> dict:
         return window(Inputs(cfg, source, input_plan).dataset(True, through_service=False))
 
+    def staged(cfg, measured: dict) -> List[dict]:
+        stages = stages_of(measured, batch_size, source_name, reads_files)
+        if getattr(source, "encoded_images", False):
+            for stage in stages:
+                stage["name"] = stage["name"].replace("map (cast)", "map (decode)")
+        if decode_apart(cfg.pipeline, source):
+            decode_s, decoded_bytes = decoding_cost(training_images(source, input_plan), source)
+            stages = with_decoding_apart(stages, decode_s * batch_size, decoded_bytes)
+        return stages
+
     measured = measure(config)
-    stages = stages_of(measured, batch_size, source_name, reads_files)
-    if getattr(source, "encoded_images", False):
-        for stage in stages:
-            stage["name"] = stage["name"].replace("map (cast)", "map (decode)")
-    if decode_apart(config.pipeline, source):
-        decode_s, decoded_bytes = decoding_cost(training_images(source, input_plan), source)
-        stages = with_decoding_apart(stages, decode_s * batch_size, decoded_bytes)
+    stages = staged(config, measured)
+    whole_decode_stages = None
+    if whole_decode and config.pipeline.fused_decode_crop:
+        whole = configured(WHOLE_DECODE)
+        if decode_apart(whole.pipeline, source):  # cropped at random: the decoding moves before the shuffle
+            whole_decode_stages = staged(whole, measure(whole))
     vectorized_cost = None
     maps = [stage for stage in stages if stage["kind"] == "map"]
     if maps and not config.pipeline.vectorized_map and config.pipeline.preprocess != "imagenet":
@@ -346,6 +361,7 @@ def probe(overrides: List[str]) -> Dict[str, object]:
         "steps_per_epoch": input_plan.steps_per_epoch,
         "epochs": config.train.epochs,
         "vectorized_map_cost_s": vectorized_cost,
+        "whole_decode_stages": whole_decode_stages,
         "integer_features": bool(input_plan.integer_features and in_byte_range),
         "feature_bytes_per_example": input_plan.bytes_per_example,
         "num_files": len(files) if files and not config.pipeline.tfrecord.enabled else 0,
@@ -370,7 +386,7 @@ def main(arguments: List[str]) -> int:
     from bwopt.quiet import quiet
 
     quiet(False)
-    picture = probe(json.loads(overrides_file.read_text()))
+    picture = probe(json.loads(overrides_file.read_text()), whole_decode="--whole-decode" in arguments[2:])
     output_file.write_text(json.dumps(picture, indent=2))
     return 0
 

@@ -47,9 +47,10 @@ class BwoptTunerConf:
             way; every comparison then takes Pocock's per-look level for 1 + extra_rounds looks,
             so each candidate's looks together err no more often than one 95 % comparison (0 to 4).
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
-        allow: opt-in changes that alter the math (bwopt.sweep.tune_changes.OPT_IN): precision (a
-            16-bit policy where the device has units for it), batch_size (a larger batch, its
-            learning rate scaled, where the host's cost per step is a large share of the step).
+        allow: opt-in changes that alter the math or the pixels (bwopt.sweep.tune_changes.OPT_IN):
+            precision (a 16-bit policy where the device has units for it), batch_size (a larger
+            batch, its learning rate scaled, where the host's cost per step is a large share of the
+            step), decode (JPEGs decoded whole into a cache instead of only their crop windows).
         memory_share: of the memory available at the start, what caches and prefetch may hold.
         probe: probe the pipeline's stages (tf.data's model) before planning; false runs the
             start alone.
@@ -120,9 +121,12 @@ def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
     """The cost model's view: the probe's stages and the start's step time, the cores its step
     holds and its host overhead."""
     fields = set(Stage.__dataclass_fields__)
-    stages = tuple(
-        Stage(**{key: value for key, value in stage.items() if key in fields}) for stage in picture["stages"]
-    )
+
+    def stages_of(listed) -> tuple:
+        return tuple(Stage(**{key: value for key, value in stage.items() if key in fields}) for stage in listed)
+
+    stages = stages_of(picture["stages"])
+    whole = picture.get("whole_decode_stages")
     batch = picture["batch_size"]
     return Profile(
         stages=stages,
@@ -146,14 +150,17 @@ def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
         device_copy_s=picture["device_copy_s"],
         strategy=picture["strategy"],
         step_cores=int(start.step_cores or 1),
+        whole_decode_stages=stages_of(whole) if whole else None,
     )
 
 
-def run_probe(overrides: List[str], output: Path) -> Dict[str, Any]:
-    """The per-stage picture of the pipeline `overrides` configure (bwopt.sweep.tune_probe, a fresh process)."""
+def run_probe(overrides: List[str], output: Path, whole_decode: bool = False) -> Dict[str, Any]:
+    """The per-stage picture of the pipeline `overrides` configure (bwopt.sweep.tune_probe, a fresh
+    process); `whole_decode`: with the stages of decoding whole images, where it decodes crop windows."""
     with tempfile.TemporaryDirectory(prefix="bwopt-tune-") as scratch:
         arguments = Path(scratch) / "overrides.json"
         arguments.write_text(json.dumps(overrides))
         command = [sys.executable, "-m", "bwopt.sweep.tune_probe", str(arguments), str(output)]
+        command += ["--whole-decode"] if whole_decode else []
         subprocess.run(command, check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     return json.loads(output.read_text())

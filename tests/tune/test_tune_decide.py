@@ -427,3 +427,42 @@ def test_a_step_that_holds_every_core_leaves_overlap_only_the_pipelines_share_of
     assert water_fill(stages, 0.103, 2, step_cores=2)["map (decode, crop)"] == 1
     one_core = plan(replace(profile, step_cores=1), budget, start)
     assert one_core[0].reason.endswith("(model: ×1.17)")
+
+
+def test_jpegs_are_decoded_whole_into_a_cache_only_when_allowed_and_only_with_the_cache():
+    """The start above decodes each random crop window (18 ms a batch, nothing deterministic to
+    cache); the probe's pipeline decoding whole images spends 10 ms a batch decoding before the
+    shuffle and 8 ms cropping after it. Cached, the decode runs in one epoch of 12: the pipeline's
+    CPU falls to 8 + 10 / 12 = 8.8 ms a batch, so a batch after prefetch takes (8.8 + 2 x 103) / 2
+    = 107.4 ms against (18 + 206) / 2 = 112: ×1.04. It moves cropped pixels by up to two levels,
+    so only tune.allow=[decode] lets it in, and never without the cache (decoding whole images
+    every epoch costs more than the windows)."""
+    fused = (
+        Stage("source (files)", SOURCE, 0.0005, True, False, 5000.0, io_bound=True),
+        Stage("shuffle, repeat", SHUFFLE, 0.0, False, True, 5000.0),
+        Stage("map (augment)", MAP, 0.018, True, True, 49152.0),
+        Stage("batch", BATCH, 0.0, False, True, 49152.0),
+    )
+    whole = (
+        Stage("source (files)", SOURCE, 0.0005, True, False, 5000.0, io_bound=True),
+        Stage("map (decode)", MAP, 0.010, True, False, 12288.0),
+        Stage("shuffle, repeat", SHUFFLE, 0.0, False, True, 12288.0),
+        Stage("map (augment)", MAP, 0.008, True, True, 49152.0),
+        Stage("batch", BATCH, 0.0, False, True, 49152.0),
+    )
+    profile = Profile(fused, 32, 960, step_time_s=0.103, epochs=12, step_cores=2, whole_decode_stages=whole)
+    budget = Budget(2, 1e9)
+    assert [proposal.name for proposal in plan(profile, budget, {})] == ["prefetch"]
+    allowed = plan(profile, budget, {}, allow=["decode"])
+    assert [proposal.name for proposal in allowed] == ["prefetch", "decode whole"]
+    decode = allowed[-1]
+    assert decode.overrides == {"pipeline.fused_decode_crop": "false", "pipeline.cache": "memory"}
+    assert "10.0 ms per batch, measured" in decode.reason and "two levels" in decode.reason
+    assert "stages up to map (decode) are deterministic" in decode.reason and decode.reason.endswith("(model: ×1.04)")
+    assert decode.predicted_batch_time_s == pytest.approx((0.008 + 0.010 / 12 + 2 * 0.103) / 2)
+    # kept, it is replayed first; the plain cache then has nothing left to add
+    again = plan(profile, budget, {}, kept=["decode whole"], allow=["decode"])
+    assert again[0].overrides == decode.overrides and "cache" not in [proposal.name for proposal in again]
+    # no room for an epoch of decoded images (11 MiB), no whole-decode stages probed: nothing
+    assert plan(profile, Budget(2, 5 * MIB), {}, allow=["decode"]) == plan(profile, Budget(2, 5 * MIB), {})
+    assert plan(replace(profile, whole_decode_stages=None), budget, {}, allow=["decode"]) == plan(profile, budget, {})

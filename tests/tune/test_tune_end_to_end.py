@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 import yaml
-from conftest import run_bwopt
+from conftest import run_bwopt, small_sample_images
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow import MlflowClient
 
@@ -100,3 +100,44 @@ def test_a_tuning_that_cannot_run_is_one_line_with_code_2_and_starts_no_trial(tm
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("bwopt: ")]
     assert named in line and "Traceback" not in result.stderr
     assert not (tmp_path / "tuning" / "0").exists()
+
+
+def test_allowed_whole_image_decoding_is_probed_then_run_with_its_cache(tmp_path):
+    """`allow=[decode]` from a fused decode of random crop windows: the probe reads the pipeline
+    decoding whole images too, and with nothing lossless left to try (`pipeline=tuned` overlaps,
+    parallelises and caches the files' bytes already; four steps per call leave the host's share
+    under the threshold) tune runs that proposal, with its cache."""
+    images = small_sample_images(tmp_path / "images", 150)
+    settings = ["hydra.sweeper.max_trials=2", "hydra.sweeper.repeats=1", "hydra.sweeper.extra_rounds=0"]
+    result = run_bwopt(
+        "-m",
+        "tune=pipeline",
+        *images,
+        "pipeline=tuned",
+        "train.global_batch_size=10",
+        "train.epochs=3",
+        "train.steps_per_execution=4",
+        *SMALL,
+        *settings,
+        "hydra.sweeper.allow=[decode]",
+        "tracking=none",
+        "hydra.sweep.dir=tuning",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = tmp_path / "tuning"
+    picture = json.loads((sweep / "tune_probe_start.json").read_text())
+    names = [stage["name"] for stage in picture["stages"]]
+    assert "map (decode)" not in names  # the start decodes each crop window in its random map
+    whole = [stage["name"] for stage in picture["whole_decode_stages"]]
+    assert whole.index("map (decode)") < whole.index("shuffle, repeat"), whole
+    # the start, the start again beside the candidate, the candidate
+    ran = [yaml.safe_load((sweep / str(n) / ".hydra" / "overrides.yaml").read_text()) for n in (0, 1, 2)]
+    assert ran[0] == ran[1] and [item for item in ran[2] if item not in ran[0]] == [
+        "pipeline.fused_decode_crop=false",
+        "pipeline.cache=memory",
+    ]
+    report = (sweep / "tune.md").read_text()
+    assert "| 1 | decode whole: `pipeline.fused_decode_crop=false`, `pipeline.cache=memory` |" in report
+    assert "two levels" in report and "The same pipeline decoding whole images" in report
+    assert "| map (decode) | map |" in report

@@ -24,12 +24,13 @@ def images(tmp_path_factory):
     ]
 
 
-def planned(overrides):
+def planned(overrides, allow=()):
     from bwopt.sweep.tune_probe import probe
 
-    picture = probe(overrides)
+    picture = probe(overrides, whole_decode="decode" in allow)
     config = validate(compose_config(overrides))
-    proposals = plan(profile_of(picture, Trial(0, "start", "", {})), Budget(2, 1e9), start_knobs(config, 2))
+    profile = profile_of(picture, Trial(0, "start", "", {}))
+    proposals = plan(profile, Budget(2, 1e9), start_knobs(config, 2), allow=allow)
     return picture, {proposal.name: proposal for proposal in proposals}
 
 
@@ -53,9 +54,19 @@ def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches
     assert cache.overrides == {"pipeline.cache": "memory"}
     assert cache.reason.startswith("stages up to map (decode) are deterministic"), cache.reason
 
+    assert picture["whole_decode_stages"] is None  # it decodes whole images already
+
     # decoding only the crop window is random: nothing before the shuffle but the read, which a cache may hold
-    picture, proposals = planned(images)
+    picture, proposals = planned(images, allow=["decode"])
     names = [stage["name"] for stage in picture["stages"]]
     assert "map (decode)" not in names[: names.index("shuffle, repeat")], names
     if "cache" in proposals:
         assert proposals["cache"].reason.startswith("stages up to source"), proposals["cache"].reason
+    # tune.allow=[decode]: the same pipeline decoding whole images, probed in a window of its own
+    whole = picture["whole_decode_stages"]
+    names = [stage["name"] for stage in whole]
+    assert names.index("map (decode)") < names.index("shuffle, repeat"), names
+    assert whole[names.index("map (decode)")]["output_bytes_per_example"] == pytest.approx(mean_bytes, rel=0.25)
+    decode = proposals["decode whole"]
+    assert decode.overrides == {"pipeline.fused_decode_crop": "false", "pipeline.cache": "memory"}
+    assert "stages up to map (decode) are deterministic" in decode.reason
