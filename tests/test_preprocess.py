@@ -96,8 +96,10 @@ def test_fused_and_unfused_decoding_give_the_same_window(training):
     fused = next(iter(image_pipeline("fused_decode_crop=true", "shuffle_buffer=0", training=training)))[0]
     whole = next(iter(image_pipeline("fused_decode_crop=false", "shuffle_buffer=0", training=training)))[0]
     assert fused.shape == whole.shape
-    # The same window of the same image: only libjpeg's partial decoding may differ by a level or two.
-    assert np.abs(fused.numpy().astype(float) - whole.numpy()).mean() < 0.5
+    # The same window of the same image: only libjpeg's partial decoding may differ, by a level or
+    # two, in few pixels (here at most 2 levels, in under 1 % of them)
+    difference = np.abs(fused.numpy().astype(float) - whole.numpy())
+    assert difference.mean() < 0.5 and difference.max() <= 2 and (difference > 0).mean() < 0.05
 
 
 def test_the_windows_follow_model_garden():
