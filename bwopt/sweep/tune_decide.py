@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
 SOURCE, MAP, BATCH, SHUFFLE, OTHER = "source", "map", "batch", "shuffle", "other"
-# Opt-in settings that change the math (tune.allow): none is proposed without it.
+# Opt-in settings that change the math or the pixels (tune.allow): none is proposed without it.
 ALLOWED_CHANGES = ("precision", "batch_size", "decode")
 # What the model assumes a 16-bit policy does at best to the step: half float32's time (units that
 # run 16-bit matrix products at twice the rate); the trial measures what it does.
