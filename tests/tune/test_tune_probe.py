@@ -39,7 +39,7 @@ def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches
     from bwopt.inputs import plan as input_plan
     from bwopt.memory import decoded_pixels
 
-    picture, proposals = planned([*images, "pipeline.fused_decode_crop=false"])
+    picture, proposals = planned([*images, "pipeline.fused_decode_crop=false"], allow=["decode"])
     names = [stage["name"] for stage in picture["stages"]]
     assert names.index("map (decode)") < names.index("shuffle, repeat"), names
     decode = picture["stages"][names.index("map (decode)")]
@@ -54,7 +54,8 @@ def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches
     assert cache.overrides == {"pipeline.cache": "memory"}
     assert cache.reason.startswith("stages up to map (decode) are deterministic"), cache.reason
 
-    assert picture["whole_decode_stages"] is None  # it decodes whole images already
+    # it decodes whole images already: no second window, nothing for tune.allow=[decode] to propose
+    assert picture["whole_decode_stages"] is None and "decode whole" not in proposals
 
     # decoding only the crop window is random: nothing before the shuffle but the read, which a cache may hold
     picture, proposals = planned(images, allow=["decode"])
