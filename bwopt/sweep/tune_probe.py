@@ -15,13 +15,10 @@ maps run per element and could run on whole batches instead, the pipeline is pro
 time with `pipeline.vectorized_map=true`, for what its map costs per batch.
 
 A start that decodes whole images after the shuffle (`fused_decode_crop: false`, a random
-preprocessing, no cache) does in its random map what a cache would do before the shuffle:
-decoding, which is deterministic there. tf.data's model cannot see it apart (the map is one
-node), so up to 64 training images (bwopt.memory.SAMPLED_IMAGES) are decoded alone, as the pipeline decodes
-them, for the CPU time and the bytes of one; that much per batch moves out of the random map
-into a stage of its own before the shuffle, which hands on the decoded images. A start that
-decodes only each crop window (`fused_decode_crop: true`) is probed that way a second time, with
-`--whole-decode` (tune.allow=[decode]): the stages of the pipeline decoding whole images.
+preprocessing, no cache) has its decoding timed apart and made a stage of its own before the
+shuffle, where a cache would run it (bwopt.sweep.tune_decoding). A start that decodes only each
+crop window (`fused_decode_crop: true`) is probed that way a second time, with `--whole-decode`
+(tune.allow=[decode]): the stages of the pipeline decoding whole images.
 
 The nodes on the pipeline's main chain become stages (bwopt.sweep.tune_decide.Stage): the source
 (with every node off the chain: files read through interleave, the positions zipped in), the maps
@@ -31,19 +28,17 @@ batch is its processing time over the window / the batches delivered.
 """
 
 import json
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List
 
+from bwopt.sweep.tune_decoding import cpu_time_s, decode_apart, decoding_cost, training_images, with_decoding_apart
+
 WINDOW_S = 1.5
 MIN_BATCHES = 8
 MAX_BATCHES = 400
 WARMUP_BATCHES = 3
-# CPU seconds of decoding images alone for the cost of one (`decoding_cost`).
-DECODE_WINDOW_S = 0.3
-PASSES = 8
 # What tune.allow=[decode] proposes from a fused decode of crop windows, probed without a cache.
 WHOLE_DECODE = ["pipeline.fused_decode_crop=false", "pipeline.cache=off"]
 MEASURING = [
@@ -69,12 +64,6 @@ KINDS = (  # (substring of the node's name, kind), first match wins
 
 def node_kind(name: str) -> str:
     return next((kind for part, kind in KINDS if part in name), "source")
-
-
-def cpu_time_s() -> float:
-    """This process's CPU time, user and system, every thread (getrusage)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def window(dataset) -> dict:
@@ -226,76 +215,6 @@ def device_copy_s(device: str, batch_bytes: float) -> float:
     return batch_bytes / device_copy_bandwidth_bytes_per_s(gpus[0].name) if gpus else 0.0
 
 
-def training_images(source, input_plan) -> List[bytes]:
-    """The encoded bytes of up to `SAMPLED_IMAGES` training images (as many as the memory check
-    reads the headers of): image files', or a TFRecord file's."""
-    from bwopt.memory import SAMPLED_IMAGES
-
-    count = SAMPLED_IMAGES
-    if hasattr(source, "files"):
-        return [Path(path).read_bytes() for path in source.files[input_plan.train_indices][:count]]
-    return [encoded.numpy() for encoded, _ in source.open_file(source.train_files[0]).take(count)]
-
-
-def decoding_cost(images: List[bytes], source, seconds: float = DECODE_WINDOW_S):
-    """(CPU seconds to decode one of `images` whole, bytes of one decoded): decoded as the
-    pipeline decodes them (bwopt.preprocess.decode) in a tf.data map on one thread, reduced in
-    place, `PASSES` passes over them at a time after one untimed pass, until `seconds` of CPU time."""
-    import tensorflow as tf
-
-    from bwopt.preprocess import Decoding, decode
-
-    decoding = Decoding(tuple(source.feature_shape[:2]), False, bool(getattr(source, "jpeg_only", False)))
-    options = tf.data.Options()
-    options.threading.private_threadpool_size = 1
-    options.threading.max_intra_op_parallelism = 1
-
-    @tf.function  # traced once: the passes run in the runtime alone
-    def decoded_bytes(passes):
-        images_read = tf.data.Dataset.from_tensor_slices(images).repeat(passes).with_options(options)
-        sizes = images_read.map(lambda data: tf.size(decode(data, decoding), tf.int64))
-        return sizes.reduce(tf.constant(0, tf.int64), lambda total, size: total + size)
-
-    one = int(decoded_bytes(tf.constant(1, tf.int64))) / len(images)
-    runs, started = 0, cpu_time_s()
-    while runs < 1 or cpu_time_s() - started < seconds:
-        decoded_bytes(tf.constant(PASSES, tf.int64))
-        runs += 1
-    return (cpu_time_s() - started) / (runs * PASSES * len(images)), one
-
-
-def with_decoding_apart(stages: List[dict], decode_s: float, decoded_bytes: float) -> List[dict]:
-    """The stages with the decoding of whole images a deterministic stage of its own before the
-    shuffle, where a cache would run it (`decode_apart`): its cost, `decode_s` per batch, moved out
-    of the random map that runs it now; what it hands on, `decoded_bytes` per example."""
-    shuffle = next(index for index, stage in enumerate(stages) if stage["kind"] == "shuffle")
-    random_map = next(stage for stage in stages[shuffle:] if stage["kind"] == "map")
-    decode_s = min(max(decode_s, 0.0), random_map["cost_per_batch_s"])
-    random_map["cost_per_batch_s"] -= decode_s
-    decode = {
-        "name": "map (decode)",
-        "node": f"{random_map['node']} (its decoding)",
-        "kind": "map",
-        "cost_per_batch_s": decode_s,
-        "parallel": True,
-        "random": False,
-        "io_bound": False,
-        "output_bytes_per_example": decoded_bytes,
-    }
-    return [*stages[:shuffle], decode, *stages[shuffle:]]
-
-
-def decode_apart(pipeline, source) -> bool:
-    """Whether the start decodes whole images after the shuffle, where a cache would decode them
-    before it (bwopt.image_pipeline.decodes_before_cache): a random image preprocessing with
-    `fused_decode_crop: false` and no cache."""
-    from bwopt.pipeline import caches
-    from bwopt.schema.pipeline import RANDOM_PREPROCESSINGS
-
-    images = getattr(source, "encoded_images", False) and pipeline.preprocess in RANDOM_PREPROCESSINGS
-    return images and not pipeline.fused_decode_crop and not caches(pipeline)
-
-
 def probe(overrides: List[str], whole_decode: bool = False) -> Dict[str, object]:
     """The per-stage picture of the training pipeline these overrides configure; with `whole_decode`
     and a start that decodes only the crop windows of images cropped at random, the stages of the
@@ -330,8 +249,8 @@ def probe(overrides: List[str], whole_decode: bool = False) -> Dict[str, object]
             for stage in stages:
                 stage["name"] = stage["name"].replace("map (cast)", "map (decode)")
         if decode_apart(cfg.pipeline, source):
-            decode_s, decoded_bytes = decoding_cost(training_images(source, input_plan), source)
-            stages = with_decoding_apart(stages, decode_s * batch_size, decoded_bytes)
+            cost = decoding_cost(training_images(source, input_plan), source)
+            stages = with_decoding_apart(stages, cost, batch_size)
         return stages
 
     measured = measure(config)

@@ -34,6 +34,14 @@ def planned(overrides, allow=()):
     return picture, {proposal.name: proposal for proposal in proposals}
 
 
+def crops_cost_something(stages):
+    """The random map after the shuffle, cutting crops from decoded images, keeps a cost: on images
+    this small, decoding timed alone can outweigh the whole map measured in the pipeline."""
+    shuffle = next(index for index, stage in enumerate(stages) if stage["kind"] == "shuffle")
+    random_map = next(stage for stage in stages[shuffle:] if stage["kind"] == "map")
+    assert random_map["cost_per_batch_s"] > 0.1 * sum(stage["cost_per_batch_s"] for stage in stages), stages
+
+
 def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches_them(images):
     from bwopt.data.sources import load_source
     from bwopt.inputs import plan as input_plan
@@ -44,6 +52,7 @@ def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches
     assert names.index("map (decode)") < names.index("shuffle, repeat"), names
     decode = picture["stages"][names.index("map (decode)")]
     assert not decode["random"] and decode["cost_per_batch_s"] > 0
+    crops_cost_something(picture["stages"])
     # what it hands on is the decoded images, as many bytes as their headers say
     config = validate(compose_config(images))
     source = load_source(config.data, config.seed, config.split.validation_fraction)
@@ -68,6 +77,7 @@ def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches
     names = [stage["name"] for stage in whole]
     assert names.index("map (decode)") < names.index("shuffle, repeat"), names
     assert whole[names.index("map (decode)")]["output_bytes_per_example"] == pytest.approx(mean_bytes, rel=0.25)
+    crops_cost_something(whole)
     decode = proposals["decode whole"]
     assert decode.overrides == {"pipeline.fused_decode_crop": "false", "pipeline.cache": "memory"}
     assert "stages up to map (decode) are deterministic" in decode.reason
