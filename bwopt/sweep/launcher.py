@@ -336,27 +336,9 @@ class ProcessPerJobLauncher(Launcher):
             self.parent.resume()
 
     def _finish(self, sweep_dir: Path, status: str) -> None:
-        """Write the report and end the parent run, whatever happened; a report error does not hide the sweep's."""
-        from bwopt.sweep.report import write_report
+        from bwopt.sweep.sweeper import finish_sweep
 
-        report = None
-        try:
-            report = write_report(sweep_dir)
-            if self.log_ranking and report.ranking.sentence:  # the sweep's answer, with its interval, as the last word
-                log.info(report.ranking.sentence)
-            log.info(f"Sweep report: {report.markdown_file}")
-        except Exception as error:
-            print(f"bwopt: warning: the sweep report could not be written: {error!r}", file=sys.stderr)
-        if self.parent is None:
-            return
-        if status == "FINISHED" and report is not None and report.jobs and all(job.failed for job in report.jobs):
-            status = "FAILED"
-        if status != "FINISHED":
-            from bwopt.signals import STOP
-
-            reason = f"stopped by {STOP.requested}" if status == "KILLED" and STOP.requested else "every job failed"
-            self.parent.annotate([], {"bwopt.end_reason": reason})
-        self.parent.end(status, report)
+        finish_sweep(sweep_dir, self.parent, status, self.log_ranking)
 
 
 def _dumps(state: dict) -> bytes:
