@@ -104,13 +104,15 @@ def finish_sweep(sweep_dir: Path, parent, status: str, log_ranking: bool) -> Non
         print(f"bwopt: warning: the sweep report could not be written: {error!r}", file=sys.stderr)
     if parent is None:
         return
-    if status == "FINISHED" and report is not None and report.jobs and all(job.failed for job in report.jobs):
+    every_job_failed = report is not None and report.jobs and all(job.failed for job in report.jobs)
+    if status == "FINISHED" and every_job_failed:
         status = "FAILED"
-    if status == "KILLED":
-        parent.annotate([], {"bwopt.end_reason": f"stopped by {STOP.requested}" if STOP.requested else "stopped"})
-    elif status == "FAILED":
-        failed = report is not None and report.jobs and all(job.failed for job in report.jobs)
-        parent.annotate([], {"bwopt.end_reason": "every job failed" if failed else "the launch failed"})
+    reasons = {
+        "KILLED": f"stopped by {STOP.requested}" if STOP.requested else "stopped",
+        "FAILED": "every job failed" if every_job_failed else "the launch failed",
+    }
+    if status in reasons:
+        parent.annotate([], {"bwopt.end_reason": reasons[status]})
     parent.end(status, report)
 
 

@@ -13,6 +13,7 @@ from hydra import initialize_config_dir
 from hydra._internal.callbacks import Callbacks
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.utils import JobStatus
+from hydra.errors import ConfigCompositionException
 from hydra.types import HydraContext, RunMode
 from mlflow import MlflowClient
 
@@ -61,6 +62,16 @@ def test_the_parent_run_fails_when_every_job_failed_and_no_parent_without_mlflow
     _, parent = parent_of(mlflow_uri, "beside_failed")
     assert parent.info.status == "FAILED" and parent.data.tags["bwopt.end_reason"] == "every job failed"
     assert not isinstance(basic_launcher(tmp_path / "other", "tracking=none"), ParentBeside)
+
+
+def test_a_launch_that_raises_ends_the_parent_run_failed(tmp_path, mlflow_uri):
+    tracking = [f"tracking.uri={mlflow_uri}", "tracking.experiment=beside_raised"]
+    launcher = basic_launcher(tmp_path / "sweep", *tracking)
+    with pytest.raises(ConfigCompositionException):  # Hydra cannot compose the job: no job ran
+        launcher.launch([["no_such_group=value"]], initial_job_idx=0)
+    _, parent = parent_of(mlflow_uri, "beside_raised")
+    assert parent.info.status == "FAILED" and parent.data.tags["bwopt.end_reason"] == "the launch failed"
+    assert PARENT_RUN_ENV not in os.environ
 
 
 def test_a_stopped_sweep_ends_the_parent_run_killed_with_the_signal(tmp_path, mlflow_uri):
