@@ -11,7 +11,8 @@ sweeper setting, is one line and exit 2, before anything runs. A new study's fir
 configured settings (the start), when every searched key has a value in its range.
 
 Each batch of `n_jobs` trials is asked of the study, launched (bwopt's launcher: each a fresh
-process, a child run of the search's parent run; job folder n is trial n, a finished trial's
+process, a child run of the search's parent run, as under another launcher through
+bwopt.sweep.sweeper.ParentBeside; job folder n is trial n, a finished trial's
 `job_folder`), and told its values. Before a trial is launched, bwopt's schema checks its
 configuration (no TensorFlow): a searched value that is refused only beside others
 (`pipeline.vectorized_map=true` where `pipeline.preprocess=imagenet`) is not run. That trial is

@@ -2,7 +2,8 @@
 
 The Hydra sweeper behind `hydra/sweeper=bwopt_tuner` (conf/tune/pipeline.yaml selects it). Its
 trials run through the configured launcher (bwopt's: a fresh process each, a child run of one
-MLflow parent run, the sweep report), one at a time, each with `measure.ceilings=true`:
+MLflow parent run, the sweep report; another keeps the parent run and report through
+bwopt.sweep.sweeper.ParentBeside), one at a time, each with `measure.ceilings=true`:
 
 1. the start: the workload as given; then the pipeline alone is probed in a fresh process for its
    per-stage costs (bwopt.sweep.tune_probe: tf.data's own performance model of the iterator);
