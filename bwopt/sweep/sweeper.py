@@ -50,8 +50,9 @@ class ParentBeside:
     The run starts with the first launch, named like bwopt's ('tune pipeline · 2026-12-06 22:40:01');
     its id reaches the jobs as BWOPT_PARENT_RUN_ID (bwopt.tracking.PARENT_RUN_ENV) in the
     environment they inherit, which makes each job's run its child: submitit's local processes and
-    sbatch's jobs (SLURM exports the submitting environment unless told otherwise) inherit it; Ray's
-    workers do not, so their runs stay apart. Like bwopt's launcher it writes the report and ends
+    sbatch's jobs (SLURM exports the submitting environment unless told otherwise) and the workers
+    of a Ray cluster the launcher starts inherit it; a remote Ray cluster's do not, so their runs
+    stay apart. Like bwopt's launcher it writes the report and ends
     the run after every launch (`finish_sweep`), and resumes it for the next; the sweeper then
     annotates it (`parent`) as it does the launcher's.
     """
