@@ -46,10 +46,10 @@ def training_images(source, input_plan) -> List[bytes]:
 
 def cpu_per_element_s(passes_of, elements_per_pass: int, seconds: float) -> float:
     """CPU seconds per element of `passes_of(passes)` (a tf.function reducing `passes` passes over
-    the elements in the runtime), after one untimed pass, `PASSES` passes at a time until `seconds`."""
+    the elements in the runtime, traced and warmed up already), `PASSES` passes at a time until
+    `seconds`."""
     import tensorflow as tf
 
-    passes_of(tf.constant(1, tf.int64))
     runs, started = 0, cpu_time_s()
     while runs < 1 or cpu_time_s() - started < seconds:
         passes_of(tf.constant(PASSES, tf.int64))
@@ -90,7 +90,9 @@ def decoding_cost(images: List[bytes], source, seconds: float = DECODE_WINDOW_S)
     def cropping_passes(passes):
         return total_bytes(decoded.repeat(passes).enumerate().map(crop))
 
+    # one untimed pass each: it traces the function, and the second fills the cache
     one = int(decoding_passes(tf.constant(1, tf.int64))) / count
+    cropping_passes(tf.constant(1, tf.int64))
     decode_s = cpu_per_element_s(decoding_passes, count, seconds)
     crop_s = cpu_per_element_s(cropping_passes, count, seconds)
     return DecodingCost(decode_s, crop_s, one)

@@ -7,7 +7,9 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -107,3 +109,27 @@ def scored_by_prefetch_each_repeat_its_own(cfg) -> float:
     summary["figures"]["throughput_examples_per_s_ci95"] = [throughput * 0.98, throughput * 1.02]
     (folder / "summary.json").write_text(json.dumps(summary))
     return throughput
+
+
+@contextmanager
+def sigterm_once_waiting(waiting: Path):
+    """SIGTERM to this process once a `+crash=wait_for_stop` job has touched `waiting` (or after 60
+    s), handled by STOP in the main thread as in `python -m bwopt`; the signal handlers and STOP as
+    they were afterwards. For launchers that run in this process and their jobs' stop."""
+
+    def terminate_once_waiting():
+        deadline = time.monotonic() + 60
+        while not waiting.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    STOP.install()
+    threading.Thread(target=terminate_once_waiting, daemon=True).start()
+    try:
+        yield
+    finally:
+        STOP.reset()
+        STOP.installed = False
+        for number, handler in handlers.items():
+            signal.signal(number, handler)

@@ -3,9 +3,6 @@
 import json
 import os
 import re
-import signal
-import threading
-import time
 
 import pytest
 import sweep_tasks
@@ -18,7 +15,6 @@ from hydra.types import HydraContext, RunMode
 from mlflow import MlflowClient
 
 from bwopt.app import config_dir
-from bwopt.signals import STOP
 from bwopt.sweep.launcher import JobCrashed
 from bwopt.sweep.parent import sweep_name
 from bwopt.tracking.names import NOTE_TAG
@@ -129,24 +125,8 @@ def test_a_stopped_sweep_stops_its_job_starts_no_more_and_ends_the_parent_killed
     sweep = tmp_path / "sweep"
     tracking = [f"tracking.uri={mlflow_uri}", "tracking.experiment=launcher_stopped"]
 
-    def terminate_once_waiting():
-        deadline = time.monotonic() + 60
-        while not (sweep / "0" / "waiting").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)  # handled by STOP in the main thread, as in `python -m bwopt`
-
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
-    STOP.install()
-    threading.Thread(target=terminate_once_waiting, daemon=True).start()
-    try:
-        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-            launch(sweep, [["+crash=wait_for_stop"], ["+crash=none", "+throughput=1"]], *tracking)
-    finally:
-        STOP.reset()
-        STOP.installed = False
-        signal.signal(signal.SIGINT, handlers[0])
-        signal.signal(signal.SIGTERM, handlers[1])
-        signal.signal(signal.SIGHUP, handlers[2])
+    with sweep_tasks.sigterm_once_waiting(sweep / "0" / "waiting"), pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        launch(sweep, [["+crash=wait_for_stop"], ["+crash=none", "+throughput=1"]], *tracking)
     assert record(sweep / "0", "job.json")["status"] == "FAILED"
     assert not (sweep / "1").exists()  # never started
     assert "1 jobs, 1 failed" in (sweep / "report.md").read_text()

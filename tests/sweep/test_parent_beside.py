@@ -3,9 +3,6 @@ in-process launcher (`hydra/launcher=basic`) and task functions that crash as as
 
 import json
 import os
-import signal
-import threading
-import time
 
 import pytest
 import sweep_tasks
@@ -18,7 +15,6 @@ from hydra.types import HydraContext, RunMode
 from mlflow import MlflowClient
 
 from bwopt.app import config_dir
-from bwopt.signals import STOP
 from bwopt.sweep.sweeper import ParentBeside, prepare_sweep
 from bwopt.tracking import PARENT_RUN_ENV
 
@@ -78,24 +74,8 @@ def test_a_stopped_sweep_ends_the_parent_run_killed_with_the_signal(tmp_path, ml
     sweep = tmp_path / "sweep"
     launcher = basic_launcher(sweep, f"tracking.uri={mlflow_uri}", "tracking.experiment=beside_stopped")
 
-    def terminate_once_waiting():
-        deadline = time.monotonic() + 60
-        while not (sweep / "0" / "waiting").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)  # handled by STOP in the main thread, as in `python -m bwopt`
-
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
-    STOP.install()
-    threading.Thread(target=terminate_once_waiting, daemon=True).start()
-    try:
-        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-            launcher.launch([["+crash=wait_for_stop"]], initial_job_idx=0)
-    finally:
-        STOP.reset()
-        STOP.installed = False
-        signal.signal(signal.SIGINT, handlers[0])
-        signal.signal(signal.SIGTERM, handlers[1])
-        signal.signal(signal.SIGHUP, handlers[2])
+    with sweep_tasks.sigterm_once_waiting(sweep / "0" / "waiting"), pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        launcher.launch([["+crash=wait_for_stop"]], initial_job_idx=0)
     _, parent = parent_of(mlflow_uri, "beside_stopped")
     assert parent.info.status == "KILLED" and parent.data.tags["bwopt.end_reason"] == "stopped by SIGTERM"
     assert PARENT_RUN_ENV not in os.environ
