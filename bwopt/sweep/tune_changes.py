@@ -3,34 +3,28 @@
 A candidate takes the state the changes before it leave, the start's `Profile` and the `Budget`
 and returns (the state after it, its overrides, a one-line reason with the numbers it came from),
 or None when it does not apply. `CANDIDATES` keep the examples and the math (vectorised maps, a
-lossless transfer dtype, parallelism by water-filling, a cache, prefetch depth, steps per
-execution, batches fetched to an accelerator); `OPT_IN` change the math or the pixels and run
-only when tune.allow names them (a 16-bit precision, a larger batch, JPEGs decoded whole into a
-cache). Pure: no TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the model,
-bwopt.sweep.tune_plan the order).
+lossless transfer dtype, parallelism by water-filling, a cache, prefetch depth, the map and the
+batch fused into one op, steps per execution, batches fetched to an accelerator); those that
+change the math or the pixels are bwopt.sweep.tune_opt_in's. Pure: no TensorFlow, no Hydra
+(bwopt.sweep.tune_decide holds the model, bwopt.sweep.tune_plan the order).
 """
 
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from bwopt.sweep.tune_decide import (
     BATCH,
-    LEARNING_RATE_RULES,
     MAP,
-    PREFETCH_MEMORY_SHARE,
     SHUFFLE,
-    SIXTEEN_BIT_SPEEDUP,
     SOURCE,
     Budget,
     Profile,
     Stage,
-    batch_scale_for,
     batch_time_s,
     cache_position,
     check_cache_position,
     prefetch_depth,
     producer_period_s,
-    scaled_learning_rate,
     steps_per_execution,
     sustainable_rate,
     water_fill,
@@ -59,6 +53,7 @@ class State:
     fetched: bool = True
     step_cores: int = 1
     whole_decoded: bool = False
+    fused: bool = False
 
 
 def threads_of(state: State) -> dict:
@@ -74,9 +69,8 @@ def threads_of(state: State) -> dict:
 
 def predicted_batch_time_s(state: State, budget: Budget) -> float:
     """Seconds per batch of the start's size (so that states with other batch sizes compare)."""
-    per_batch = batch_time_s(
-        state.stages, threads_of(state), state.step_time_s, budget.cores, state.prefetch, state.step_cores
-    )
+    ahead = max(state.prefetch, 1 if state.fused else 0)  # a fused map and batch works one batch ahead
+    per_batch = batch_time_s(state.stages, threads_of(state), state.step_time_s, budget.cores, ahead, state.step_cores)
     return per_batch / state.batch_scale
 
 
@@ -88,12 +82,28 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms"
 
 
+FUSED = "map and batch (fused)"  # the stage a fused map and batch make (`fuse_stages`)
+
+
 def cache_slot(stages) -> Optional[int]:
     """Where bwopt's pipeline caches: after the last stage before the shuffle (bwopt.pipeline)."""
     for index, stage in enumerate(stages):
-        if stage.kind in (SHUFFLE, BATCH):
+        if stage.kind in (SHUFFLE, BATCH) or stage.name == FUSED:
             return index - 1 if index else None
     return None
+
+
+def fuse_stages(stages, fused_cost_s: Optional[float] = None):
+    """`stages` with the per-element map that feeds the batch and the batch as one stage (`FUSED`)
+    costing `fused_cost_s` per batch (measured), or their sum where not measured; None where no
+    map feeds the batch."""
+    at = next((i for i in range(len(stages) - 1) if stages[i].kind == MAP and stages[i + 1].kind == BATCH), None)
+    if at is None:
+        return None
+    mapped, batched = stages[at], stages[at + 1]
+    cost = mapped.cost_per_batch_s + batched.cost_per_batch_s if fused_cost_s is None else fused_cost_s
+    fused = Stage(FUSED, MAP, cost, mapped.parallel, mapped.random or batched.random, batched.output_bytes_per_example)
+    return (*stages[:at], fused, *stages[at + 2 :])
 
 
 # --- candidates: each returns (new state, proposal) or None -------------------------------------
@@ -101,7 +111,7 @@ def cache_slot(stages) -> Optional[int]:
 
 def vectorize(state: State, profile: Profile, budget: Budget):
     maps = [stage for stage in state.stages if stage.kind == MAP]
-    if state.vectorized or profile.vectorized_map_cost_s is None or not maps:
+    if state.vectorized or state.fused or profile.vectorized_map_cost_s is None or not maps:
         return None
     per_element = sum(stage.cost_per_batch_s for stage in maps)
     vectorized_cost = profile.vectorized_map_cost_s * state.batch_scale
@@ -203,6 +213,30 @@ def prefetch(state: State, profile: Profile, budget: Budget):
     return replace(state, prefetch=depth), {"pipeline.prefetch": str(depth)}, reason
 
 
+def fuse(state: State, profile: Profile, budget: Budget):
+    """tf.data's map-and-batch fusion, where the start turns it off (`pipeline.options`) and a
+    per-element map feeds the batch: one op runs the map and writes each element into its batch as
+    it is made, on a thread of its own, a batch ahead of its consumer (as a prefetch of one). The
+    fused op's cost per batch is the probe's, measured in a window of its own. Not on a state whose
+    maps run on whole batches (nothing to fuse), nor vectorised after it (the model would have to
+    take the fused stage apart again)."""
+    if state.fused or state.vectorized or profile.fused_map_batch_cost_s is None:
+        return None
+    fused_cost = profile.fused_map_batch_cost_s * state.batch_scale
+    stages = fuse_stages(state.stages, fused_cost)
+    if stages is None:
+        return None
+    at = next(i for i, stage in enumerate(stages) if stage.name == FUSED)
+    mapped, batched = state.stages[at], state.stages[at + 1]
+    reason = (
+        f"{mapped.name} {ms(mapped.cost_per_batch_s)} then batch {ms(batched.cost_per_batch_s)} per batch, two ops "
+        f"(tf.data's map-and-batch fusion is off); as one op {ms(fused_cost)} per batch, measured, each element "
+        "written into its batch as it is made, one batch ahead of the step → "
+        "pipeline.options.map_and_batch_fusion=true (the same examples: the fused op keeps the pipeline's order)"
+    )
+    return replace(state, stages=stages, fused=True), {"pipeline.options.map_and_batch_fusion": "true"}, reason
+
+
 def host_share(state: State) -> float:
     return state.host_overhead_s / state.step_time_s if state.step_time_s else 0.0
 
@@ -251,102 +285,10 @@ CANDIDATES: Tuple[Callable, ...] = (
     parallelize,
     cache,
     prefetch,
+    fuse,
     amortise_host,
     fetch_to_device,
 )
-
-
-def lower_precision(state: State, profile: Profile, budget: Budget):
-    """A 16-bit policy for the step, where the device has units for it: it changes the math, so it
-    is proposed only with `tune.allow: [precision]`, after every change that keeps the math."""
-    if state.precision != "float32" or not profile.sixteen_bit:
-        return None
-    step = state.host_overhead_s + (state.step_time_s - state.host_overhead_s) / SIXTEEN_BIT_SPEEDUP
-    reason = (
-        f"{profile.sixteen_bit_reason}: the step ({ms(state.step_time_s)} per batch) at best "
-        f"{ms(step)} → device.precision={profile.sixteen_bit} (changes the math: allowed by tune.allow; kept "
-        "only if faster and val_accuracy within the tolerance)"
-    )
-    new = replace(state, precision=profile.sixteen_bit, step_time_s=step)
-    return new, {"device.precision": profile.sixteen_bit}, reason
-
-
-def enlarge_batch(state: State, profile: Profile, budget: Budget):
-    """A larger global batch, where the host's fixed cost per step is a share of the step that the
-    batch amortises (`batch_scale_for`); the learning rate follows its optimizer's rule and, where the
-    start sets train.steps_per_epoch, an epoch runs fewer steps of the same examples. Only with
-    `tune.allow: [batch_size]`: the model then takes fewer, larger steps. Not proposed when an epoch
-    would keep no step beyond its warm-up, or would not be whole executions of
-    train.steps_per_execution; the model counts only the host's share, not what a fuller device gains."""
-    if state.batch_scale != 1 or not profile.learning_rate or profile.optimizer not in LEARNING_RATE_RULES:
-        return None
-    share = host_share(state)
-    scale = batch_scale_for(share)
-    while scale > 1 and not batch_fits(state, profile, budget, scale):
-        scale //= 2
-    if scale == 1:
-        return None
-    batch = profile.batch_size * scale
-    rate, rule = scaled_learning_rate(profile.learning_rate, profile.optimizer, scale)
-    steps = profile.steps_per_epoch // scale
-    overrides = {"train.global_batch_size": str(batch), "train.learning_rate": f"{rate:.6g}"}
-    if profile.steps_per_epoch_set:
-        overrides["train.steps_per_epoch"] = str(steps)
-    compute = state.step_time_s - state.host_overhead_s
-    stages = tuple(replace(stage, cost_per_batch_s=stage.cost_per_batch_s * scale) for stage in state.stages)
-    new = replace(state, stages=stages, batch_scale=scale, step_time_s=state.host_overhead_s + compute * scale)
-    reason = (
-        f"host overhead (fetch, dispatch, sync) is {share:.0%} of the step, paid once per step → "
-        f"train.global_batch_size={batch} ({scale}× the examples per step, {steps} steps per epoch; the model "
-        "counts only the host's share), "
-        f"train.learning_rate={rate:.6g} ({profile.optimizer}: the {rule} rule) (changes the math: allowed by "
-        "tune.allow; kept only if faster and val_accuracy within the tolerance)"
-    )
-    return new, overrides, reason
-
-
-def batch_fits(state: State, profile: Profile, budget: Budget, scale: int) -> bool:
-    """`scale` times the batch leaves every epoch steps beyond its warm-up, whole executions of
-    train.steps_per_execution where the start sets the epoch's steps, and prefetched batches in
-    their share of the memory."""
-    steps = profile.steps_per_epoch // scale
-    if profile.steps_per_epoch_set and (profile.steps_per_epoch % scale or steps % state.steps_per_execution):
-        return False
-    per_call = state.steps_per_execution
-    timed_calls = steps // per_call - -(-profile.warmup_steps // per_call)  # as bwopt.inputs.step_plan counts
-    in_flight = max(state.prefetch, 1) * state.bytes_per_example * profile.batch_size * scale
-    return timed_calls > 0 and in_flight <= budget.memory_bytes * PREFETCH_MEMORY_SHARE
-
-
-def decode_whole(state: State, profile: Profile, budget: Budget):
-    """JPEGs decoded whole, before the shuffle, into a cache, where the start decodes only each
-    random crop window (`fused_decode_crop: true`): a random decode leaves nothing decoded to
-    cache. The cropped pixels may move by up to two levels (libjpeg decodes a window's edges from
-    other neighbours), so it is proposed only with `tune.allow: [decode]`, and only with a cache
-    of the decoded images within the memory budget: decoding whole images every epoch costs
-    more than decoding crop windows. The stages are the probe's of that pipeline (`Profile.whole_decode_stages`)."""
-    if state.whole_decoded or state.vectorized or not profile.whole_decode_stages:
-        return None
-    scale = state.batch_scale
-    stages = tuple(
-        replace(stage, cost_per_batch_s=stage.cost_per_batch_s * scale) for stage in profile.whole_decode_stages
-    )
-    outcome = cache(replace(state, stages=stages, cached=False, whole_decoded=True), profile, budget)
-    if outcome is None:
-        return None
-    new, cached, reason = outcome
-    decode = next((stage for stage in stages if stage.name == "map (decode)"), None)
-    decoding = f" ({ms(decode.cost_per_batch_s)} per batch, measured)" if decode else ""
-    reason = (
-        f"decoding only each random crop window leaves nothing decoded to cache; decoding whole images{decoding} "
-        f"is deterministic, before the shuffle → pipeline.fused_decode_crop=false: {reason} (moves cropped pixels "
-        "by up to two levels: allowed by tune.allow; kept only if faster and val_accuracy within the tolerance)"
-    )
-    return new, {"pipeline.fused_decode_crop": "false", **cached}, reason
-
-
-# tune.allow's names -> the candidates they let in (weighed in tune.allow's order).
-OPT_IN: Dict[str, Callable] = {"precision": lower_precision, "batch_size": enlarge_batch, "decode": decode_whole}
 
 
 def initial_state(profile: Profile, start: dict) -> State:
@@ -369,6 +311,7 @@ def initial_state(profile: Profile, start: dict) -> State:
         host_overhead_s=profile.step_time_s * profile.host_overhead_share,
         fetched=fetched,
         step_cores=max(profile.step_cores, 1),
+        fused=start.get("fused", False),
     )
 
 

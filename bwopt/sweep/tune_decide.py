@@ -116,6 +116,8 @@ class Profile:
         whole_decode_stages: where the start decodes only the crop windows of images cropped at
             random, the stages of the same pipeline decoding whole images, the decoding a
             deterministic stage before the shuffle (probed with tune.allow=[decode]); else None.
+        fused_map_batch_cost_s: where a per-element map feeds the batch, the two as one op (tf.data's
+            map-and-batch fusion) per batch, measured; None where not measured.
     """
 
     stages: Tuple[Stage, ...]
@@ -140,6 +142,7 @@ class Profile:
     strategy: str = "default"
     step_cores: int = 1
     whole_decode_stages: Optional[Tuple[Stage, ...]] = None
+    fused_map_batch_cost_s: Optional[float] = None
 
 
 def sixteen_bit_precision(

@@ -1,22 +1,23 @@
 """The order in which `tune` tries its changes: greedy by the gain the cost model predicts.
 
 From the start's `Profile` every candidate change (vectorised maps, a lossless transfer dtype,
-parallelism by water-filling, a cache, prefetch depth, steps per execution, batches fetched to
-an accelerator) is applied to the model in turn; the one with the largest predicted gain is
-taken, the model updated, and the rest weighed again on top of it, until no candidate is
-predicted to gain `MIN_PREDICTED_GAIN`; then the changes to the math or the pixels that
+parallelism by water-filling, a cache, prefetch depth, the map and the batch fused, steps per
+execution, batches fetched to an accelerator) is applied to the model in turn; the one with the
+largest predicted gain is taken, the model updated, and the rest weighed again on top of it,
+until no candidate is predicted to gain `MIN_PREDICTED_GAIN`; then the changes to the math or the pixels that
 tune.allow lets in (`OPT_IN`: a 16-bit precision, a larger batch, JPEGs decoded whole into a
 cache). Each proposal carries its overrides and a one-line reason with the numbers it came from.
 Pure: no TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the model, bwopt.sweep.tune_changes
-the candidates).
+and bwopt.sweep.tune_opt_in the candidates).
 `busy_cores_reason` says which proposals a measured trial leaves no room for.
 """
 
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from bwopt.measure.advice import cores_bound
-from bwopt.sweep.tune_changes import CANDIDATES, OPT_IN, candidate_name, initial_state, predicted_batch_time_s
+from bwopt.sweep.tune_changes import CANDIDATES, candidate_name, initial_state, predicted_batch_time_s
 from bwopt.sweep.tune_decide import MIN_PREDICTED_GAIN, Budget, Profile, Proposal
+from bwopt.sweep.tune_opt_in import OPT_IN
 
 if TYPE_CHECKING:
     from bwopt.sweep.tune_record import Trial

@@ -12,7 +12,9 @@ on (fixed parallelism and prefetch values stay as they are: autotune only tunes 
 values) and turns off the rewrites that merge stages (map-and-batch fusion, map parallelisation,
 parallel batch, injected prefetch), so that each stage is one node with its own time. When the
 maps run per element and could run on whole batches instead, the pipeline is probed a second
-time with `pipeline.vectorized_map=true`, for what its map costs per batch.
+time with `pipeline.vectorized_map=true`, for what its map costs per batch; where a per-element
+map feeds the batch and the start turns map-and-batch fusion off, once more with it on, for what
+the fused op costs per batch.
 
 A start that decodes whole images after the shuffle (`fused_decode_crop: false`, a random
 preprocessing, no cache) has its decoding timed apart and made a stage of its own before the
@@ -228,11 +230,12 @@ def probe(overrides: List[str], whole_decode: bool = False) -> Dict[str, object]
     # the probe records nothing: the workload's tracking settings are not its own
     kept = [item for item in overrides if not item.lstrip("+~").startswith(("tracking.", "tracking="))]
 
-    def configured(extra: List[str]):
+    def configured(extra: List[str], measuring: List[str] = MEASURING):
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-            return validate(compose(config_name="config", overrides=[*kept, *MEASURING, *extra]))
+            return validate(compose(config_name="config", overrides=[*kept, *measuring, *extra]))
 
     config = configured([])
+    fusion_off = not configured([], measuring=[]).pipeline.options.map_and_batch_fusion  # the start's own
     source = load_source(config.data, config.seed, config.split.validation_fraction)
     input_plan = plan(config, source)
     files = getattr(source, "train_files", None)
@@ -268,6 +271,14 @@ def probe(overrides: List[str], whole_decode: bool = False) -> Dict[str, object]
         toggled = measure(configured(["pipeline.vectorized_map=true"]))
         others = sum(stage["cost_per_batch_s"] for stage in stages if stage["kind"] != "map")
         vectorized_cost = max(toggled["cpu_s"] / max(toggled["batches"], 1) - others, 0.0)
+    fused_cost = None
+    feeds = [at for at in range(len(stages) - 1) if (stages[at]["kind"], stages[at + 1]["kind"]) == ("map", "batch")]
+    if feeds and fusion_off:
+        # the same: the whole pipeline's CPU time per batch with the map and the batch fused, less the
+        # other stages as measured apart
+        toggled = measure(configured(["pipeline.options.map_and_batch_fusion=true"]))
+        others = sum(stage["cost_per_batch_s"] for at, stage in enumerate(stages) if at not in (feeds[0], feeds[0] + 1))
+        fused_cost = max(toggled["cpu_s"] / max(toggled["batches"], 1) - others, 0.0)
     value_range = getattr(source, "value_range", None)
     value_range = value_range() if callable(value_range) else value_range
     in_byte_range = value_range is not None and value_range[0] >= 0 and value_range[1] <= 255
@@ -281,6 +292,7 @@ def probe(overrides: List[str], whole_decode: bool = False) -> Dict[str, object]
         "epochs": config.train.epochs,
         "vectorized_map_cost_s": vectorized_cost,
         "whole_decode_stages": whole_decode_stages,
+        "fused_map_batch_cost_s": fused_cost,
         "integer_features": bool(input_plan.integer_features and in_byte_range),
         "feature_bytes_per_example": input_plan.bytes_per_example,
         "num_files": len(files) if files and not config.pipeline.tfrecord.enabled else 0,

@@ -47,7 +47,7 @@ class BwoptTunerConf:
             way; every comparison then takes Pocock's per-look level for 1 + extra_rounds looks,
             so each candidate's looks together err no more often than one 95 % comparison (0 to 4).
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.
-        allow: opt-in changes that alter the math or the pixels (bwopt.sweep.tune_changes.OPT_IN):
+        allow: opt-in changes that alter the math or the pixels (bwopt.sweep.tune_opt_in.OPT_IN):
             precision (a 16-bit policy where the device has units for it), batch_size (a larger
             batch, its learning rate scaled, where the host's cost per step is a large share of the
             step), decode (JPEGs decoded whole into a cache instead of only their crop windows).
@@ -114,6 +114,7 @@ def start_knobs(config: DictConfig, cores: int) -> Dict[str, Any]:
         "steps_per_execution": int(config.train.steps_per_execution),
         "precision": config.device.precision,
         "fetch_to_device": bool(pipeline.distribute.fetch_to_device),
+        "fused": bool(pipeline.options.map_and_batch_fusion),
     }
 
 
@@ -151,6 +152,7 @@ def profile_of(picture: Dict[str, Any], start: Trial) -> Profile:
         strategy=picture["strategy"],
         step_cores=int(start.step_cores or 1),
         whole_decode_stages=stages_of(whole) if whole else None,
+        fused_map_batch_cost_s=picture.get("fused_map_batch_cost_s"),
     )
 
 

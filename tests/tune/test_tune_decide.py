@@ -50,6 +50,7 @@ SAME_EXAMPLES_KEYS = {
     "pipeline.interleave.num_parallel_calls",
     "train.steps_per_execution",
     "pipeline.distribute.fetch_to_device",
+    "pipeline.options.map_and_batch_fusion",
 }
 
 
@@ -175,7 +176,9 @@ def test_no_plan_ever_caches_after_a_random_stage():
             seen_random |= kind == SHUFFLE or generator.random() < 0.3
             cost = generator.uniform(0.001, 0.2)
             stages.append(Stage(f"{kind} {index}", kind, cost, kind == MAP, seen_random, 64))
+        fused_cost = generator.choice([None, generator.uniform(0.001, 0.2)])  # probed where a map feeds the batch
         profile = Profile(tuple(stages), 64, 1000, generator.uniform(0.001, 0.05), epochs=3)
+        profile = replace(profile, fused_map_batch_cost_s=fused_cost)
         position = cache_position(profile.stages, profile.examples_per_epoch, 1e9)
         check_cache_position(profile.stages, position)
         for proposal in plan(profile, Budget(generator.randint(1, 8), 1e9), {}):
@@ -429,6 +432,27 @@ def test_a_step_that_holds_every_core_leaves_overlap_only_the_pipelines_share_of
     assert one_core[0].reason.endswith("(model: ×1.17)")
 
 
+# JPEGs cropped at random: each crop window decoded (18 ms a batch of 32), or whole images decoded
+# (10 ms) before the shuffle and cropped (8 ms) after it.
+CROP_WINDOWS = (
+    Stage("source (files)", SOURCE, 0.0005, True, False, 5000.0, io_bound=True),
+    Stage("shuffle, repeat", SHUFFLE, 0.0, False, True, 5000.0),
+    Stage("map (augment)", MAP, 0.018, True, True, 49152.0),
+    Stage("batch", BATCH, 0.0, False, True, 49152.0),
+)
+WHOLE_IMAGES = (
+    Stage("source (files)", SOURCE, 0.0005, True, False, 5000.0, io_bound=True),
+    Stage("map (decode)", MAP, 0.010, True, False, 12288.0),
+    Stage("shuffle, repeat", SHUFFLE, 0.0, False, True, 12288.0),
+    Stage("map (augment)", MAP, 0.008, True, True, 49152.0),
+    Stage("batch", BATCH, 0.0, False, True, 49152.0),
+)
+
+
+def with_batch_cost(stages, cost_s: float) -> tuple:
+    return (*stages[:-1], replace(stages[-1], cost_per_batch_s=cost_s))
+
+
 def test_jpegs_are_decoded_whole_into_a_cache_only_when_allowed_and_only_with_the_cache():
     """The start above decodes each random crop window (18 ms a batch, nothing deterministic to
     cache); the probe's pipeline decoding whole images spends 10 ms a batch decoding before the
@@ -437,20 +461,9 @@ def test_jpegs_are_decoded_whole_into_a_cache_only_when_allowed_and_only_with_th
     = 107.4 ms against (18 + 206) / 2 = 112: ×1.04. It moves cropped pixels by up to two levels,
     so only tune.allow=[decode] lets it in, and never without the cache (decoding whole images
     every epoch costs more than the windows)."""
-    fused = (
-        Stage("source (files)", SOURCE, 0.0005, True, False, 5000.0, io_bound=True),
-        Stage("shuffle, repeat", SHUFFLE, 0.0, False, True, 5000.0),
-        Stage("map (augment)", MAP, 0.018, True, True, 49152.0),
-        Stage("batch", BATCH, 0.0, False, True, 49152.0),
+    profile = Profile(
+        CROP_WINDOWS, 32, 960, step_time_s=0.103, epochs=12, step_cores=2, whole_decode_stages=WHOLE_IMAGES
     )
-    whole = (
-        Stage("source (files)", SOURCE, 0.0005, True, False, 5000.0, io_bound=True),
-        Stage("map (decode)", MAP, 0.010, True, False, 12288.0),
-        Stage("shuffle, repeat", SHUFFLE, 0.0, False, True, 12288.0),
-        Stage("map (augment)", MAP, 0.008, True, True, 49152.0),
-        Stage("batch", BATCH, 0.0, False, True, 49152.0),
-    )
-    profile = Profile(fused, 32, 960, step_time_s=0.103, epochs=12, step_cores=2, whole_decode_stages=whole)
     budget = Budget(2, 1e9)
     assert [proposal.name for proposal in plan(profile, budget, {})] == ["prefetch"]
     allowed = plan(profile, budget, {}, allow=["decode"])
@@ -466,3 +479,39 @@ def test_jpegs_are_decoded_whole_into_a_cache_only_when_allowed_and_only_with_th
     # no room for an epoch of decoded images (11 MiB), no whole-decode stages probed: nothing
     assert plan(profile, Budget(2, 5 * MIB), {}, allow=["decode"]) == plan(profile, Budget(2, 5 * MIB), {})
     assert plan(replace(profile, whole_decode_stages=None), budget, {}, allow=["decode"]) == plan(profile, budget, {})
+
+
+def test_the_map_and_the_batch_are_fused_where_the_start_turned_fusion_off():
+    """The jpeg start above with tf.data's map-and-batch fusion off (pipeline=naive): the random map
+    (18 ms a batch) then the batch (0.5 ms), two ops; the probe measured them fused at 15 ms. Fused,
+    the op works a batch ahead of the step (as a prefetch of one), so a batch takes the longest of
+    the producer and (the stages' CPU + the step x its 2 held cores) / 2 cores = (15 + 206) / 2 =
+    110.5 ms (the files' reading waits, on no core), against 0.5 + 18.5 + 103 = 122 ms unfused
+    without prefetch: ×1.10, more than a prefetch of the unfused stages gives ((18.5 + 206) / 2 =
+    112.25 ms), so it comes first
+    and prefetch has nothing left to add. A start with fusion on, or maps on whole batches, has
+    nothing to fuse."""
+    stages = with_batch_cost(CROP_WINDOWS, 0.0005)
+    profile = Profile(stages, 32, 960, step_time_s=0.103, epochs=12, step_cores=2, fused_map_batch_cost_s=0.015)
+    budget = Budget(2, 1e9)
+    proposals = plan(profile, budget, {"fused": False})
+    assert [proposal.name for proposal in proposals] == ["fuse"]
+    fuse = proposals[0]
+    assert fuse.overrides == {"pipeline.options.map_and_batch_fusion": "true"}
+    assert fuse.predicted_batch_time_s == pytest.approx((0.015 + 2 * 0.103) / 2)
+    assert "map (augment) 18.0 ms then batch 0.5 ms per batch" in fuse.reason
+    assert "as one op 15.0 ms per batch, measured" in fuse.reason and fuse.reason.endswith("(model: ×1.10)")
+    # reverted: the unfused stages' prefetch is weighed again
+    assert [proposal.name for proposal in plan(profile, budget, {"fused": False}, rejected=["fuse"])] == ["prefetch"]
+    # fusion on in the start, or nothing measured: nothing to fuse
+    assert "fuse" not in [proposal.name for proposal in plan(profile, budget, {"fused": True})]
+    assert "fuse" not in [p.name for p in plan(replace(profile, fused_map_batch_cost_s=None), budget, {"fused": False})]
+    # the maps on whole batches first (far cheaper): nothing left feeds the batch per element
+    vectorizable = replace(profile, vectorized_map_cost_s=0.002)
+    names = [proposal.name for proposal in plan(vectorizable, budget, {"fused": False})]
+    assert names[0] == "vectorize" and "fuse" not in names
+    # kept, then decoded whole (tune.allow=[decode]): the crops' map and the batch stay one op
+    decodable = replace(profile, whole_decode_stages=with_batch_cost(WHOLE_IMAGES, 0.0005))
+    decode = plan(decodable, budget, {"fused": False}, kept=["fuse"], allow=["decode"])[-1]
+    assert decode.name == "decode whole"
+    assert decode.predicted_batch_time_s == pytest.approx((0.010 / 12 + 0.0085 + 2 * 0.103) / 2)

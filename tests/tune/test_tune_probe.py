@@ -47,7 +47,10 @@ def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches
     from bwopt.inputs import plan as input_plan
     from bwopt.memory import decoded_pixels
 
-    picture, proposals = planned([*images, "pipeline.fused_decode_crop=false"], allow=["decode"])
+    # fusion on in the start: nothing to fuse, no window for it (the probe itself runs unfused)
+    fused_on = [*images, "pipeline.fused_decode_crop=false", "pipeline.options.map_and_batch_fusion=true"]
+    picture, proposals = planned(fused_on, allow=["decode"])
+    assert picture["fused_map_batch_cost_s"] is None and "fuse" not in proposals
     names = [stage["name"] for stage in picture["stages"]]
     assert names.index("map (decode)") < names.index("shuffle, repeat"), names
     decode = picture["stages"][names.index("map (decode)")]
@@ -69,6 +72,9 @@ def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches
     # decoding only the crop window is random: nothing before the shuffle but the read, which a cache may hold
     picture, proposals = planned(images, allow=["decode"])
     names = [stage["name"] for stage in picture["stages"]]
+    # pipeline=naive turns tf.data's map-and-batch fusion off: the two fused are timed in a window of their own
+    unfused = sum(stage["cost_per_batch_s"] for stage in picture["stages"] if stage["kind"] in ("map", "batch"))
+    assert 0.3 * unfused < picture["fused_map_batch_cost_s"] < 2 * unfused, (picture["fused_map_batch_cost_s"], unfused)
     assert "map (decode)" not in names[: names.index("shuffle, repeat")], names
     if "cache" in proposals:
         assert proposals["cache"].reason.startswith("stages up to source"), proposals["cache"].reason

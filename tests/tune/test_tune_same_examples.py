@@ -1,6 +1,8 @@
 """Whatever tune proposes reads the same examples as the start (tests/test_same_examples.py's check):
 every proposal of a plan applied at once, on top of pipeline=naive, with augmentation on."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import compose_config
@@ -44,6 +46,15 @@ def test_every_proposal_at_once_reads_the_same_examples(reference):  # noqa: F81
     keys = {item.split("=")[0] for item in overrides}
     assert {"pipeline.vectorized_map", "pipeline.map_parallelism", "pipeline.prefetch", "pipeline.cache"} <= keys
     assert "train.steps_per_execution" in keys
+    check(reference, SYNTHETIC, "pipeline=naive", *overrides)
+
+
+def test_the_map_and_the_batch_fused_read_the_same_examples(reference):  # noqa: F811
+    """Maps that cannot run on whole batches (as imagenet's crops): the map and the batch fused,
+    with the rest of the plan, on pipeline=naive, which turns tf.data's fusion off."""
+    profile = replace(IMAGES, vectorized_map_cost_s=None, fused_map_batch_cost_s=0.09)
+    overrides = all_overrides(plan(profile, Budget(2, 1e9), {"fused": False}))
+    assert "pipeline.options.map_and_batch_fusion=true" in overrides
     check(reference, SYNTHETIC, "pipeline=naive", *overrides)
 
 
