@@ -88,6 +88,29 @@ def test_a_sweep_against_a_real_mlflow_server_has_its_parent_and_children_there(
         assert "report.md" in {item.path for item in client.list_artifacts(parent.info.run_id)}
 
 
+# A small pipelines workload, tuned from its naive start over two trials of one run each.
+TUNE_WORKLOAD = [
+    *["experiment=pipelines", "pipeline=naive", "train.epochs=1", "train.steps_per_epoch=8"],
+    *["measure.min_timed_s=0.5", "measure.ceiling_steps=20", "measure.memcpy_bandwidth=false"],
+]
+ONE_RUN_A_TRIAL = ["hydra.sweeper.repeats=1", "hydra.sweeper.rerun_incumbent=false", "hydra.sweeper.extra_rounds=0"]
+
+
+def two_trials(launcher, work):
+    """`tune=pipeline` through `launcher` (its overrides) in `work`: the start and one proposal, one
+    run each, in job folders 0 and 1 of `work`/tuning; (the sweep folder, the closing line)."""
+    tuning = run_bwopt(
+        "-m", "tune=pipeline", *launcher, *TUNE_WORKLOAD, "hydra.sweeper.max_trials=2", *ONE_RUN_A_TRIAL,
+        "hydra.sweep.dir=tuning", cwd=work, timeout=400,
+    )  # fmt: skip
+    assert tuning.returncode == 0, tuning.stderr[-3000:]
+    sweep = work / "tuning"
+    assert sorted(path.name for path in sweep.iterdir() if path.name.isdigit()) == ["0", "1"]
+    closing = next(line for line in tuning.stdout.splitlines() if line.startswith("tuned: "))
+    assert ", 2 runs, " in closing and f"**{closing}**" in (sweep / "tune.md").read_text()
+    return sweep, closing
+
+
 @pytest.mark.slow
 def test_tune_and_the_search_run_their_trials_through_the_submitit_plugin(tmp_path):
     """The SLURM launcher's plugin with its local executor (`hydra/launcher=submitit_local`): the
@@ -95,20 +118,8 @@ def test_tune_and_the_search_run_their_trials_through_the_submitit_plugin(tmp_pa
     submitit starts. The tuner and the search read their trials back from the job folders alike."""
     if importlib.util.find_spec(PLUGINS["slurm"]) is None:
         pytest.skip(f"{PLUGINS['slurm']} is not installed (pip install -e '.[slurm]')")
-    from mlflow import MlflowClient
-
-    workload = ["experiment=pipelines", "pipeline=naive", "train.epochs=1", "train.steps_per_epoch=8"]
-    small = ["measure.min_timed_s=0.5", "measure.ceiling_steps=20", "measure.memcpy_bandwidth=false"]
-    # the start and one proposal, one run each
-    once = ["hydra.sweeper.repeats=1", "hydra.sweeper.rerun_incumbent=false", "hydra.sweeper.extra_rounds=0"]
     local = ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]
-    tuning = run_bwopt(
-        "-m", "tune=pipeline", *local, *workload, *small, "hydra.sweeper.max_trials=2", *once,
-        "hydra.sweep.dir=tuning", cwd=tmp_path, timeout=400,
-    )  # fmt: skip
-    assert tuning.returncode == 0, tuning.stderr[-3000:]
-    sweep = tmp_path / "tuning"
-    assert sorted(path.name for path in sweep.iterdir() if path.name.isdigit()) == ["0", "1"]
+    sweep, closing = two_trials(local, tmp_path)
     # submitit ran them: its own folder holds each job's pickled call and its log
     submitted = [path for path in (sweep / ".submitit").iterdir() if path.name.isdigit()]
     assert len(submitted) == 2 and all(list(folder.glob("*_submitted.pkl")) for folder in submitted)
@@ -116,13 +127,10 @@ def test_tune_and_the_search_run_their_trials_through_the_submitit_plugin(tmp_pa
     changed = [item for item in ran[1] if item not in ran[0]]
     assert changed and all(item.startswith(("pipeline.", "train.steps_per_execution")) for item in changed)
     tuned = (sweep / "tuned.yaml").read_text().split()
-    assert tuned in ([*workload, *small], [*workload, *small, *changed])  # the change kept whole or not at all
-    closing = next(line for line in tuning.stdout.splitlines() if line.startswith("tuned: "))
-    assert ", 2 runs, " in closing
-    assert f"**{closing}**" in (sweep / "tune.md").read_text()
+    assert tuned in (TUNE_WORKLOAD, [*TUNE_WORKLOAD, *changed])  # the change kept whole or not at all
 
     search = run_bwopt(
-        "-m", "hparams_search=pipeline", *local, *workload, *small, "hydra.sweeper.n_trials=2",
+        "-m", "hparams_search=pipeline", *local, *TUNE_WORKLOAD, "hydra.sweeper.n_trials=2",
         "hydra.sweep.dir=search", cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert search.returncode == 0, search.stderr[-3000:]
@@ -131,19 +139,43 @@ def test_tune_and_the_search_run_their_trials_through_the_submitit_plugin(tmp_pa
 
     # each sweep's jobs are the children of one parent run, which holds the sweep's own files, as
     # under bwopt's launcher: their id reached the jobs in the environment submitit's processes inherit
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    tune = parent_with_its_jobs(tmp_path, "tune", sweep, "tune.md")
+    assert f"**{closing}**" in tune.data.tags["mlflow.note.content"]  # tune's table, its description
+    search = parent_with_its_jobs(tmp_path, "search", tmp_path / "search", "search.yaml")
+    assert search.data.tags["bwopt.study_name"] == "pipeline"
+
+
+def parent_with_its_jobs(work, name: str, folder, sweep_file: str):
+    """The one parent run of sweep `name` (`tune` or `search`) in `work`'s MLflow store, finished,
+    holding `sweep_file` and the report, with every job folder's run as a finished child."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'outputs' / 'mlflow.db'}")
     experiment_id = client.get_experiment_by_name("bwopt").experiment_id
-    parents = {}
-    for name, folder, files in (("tune", sweep, "tune.md"), ("search", tmp_path / "search", "search.yaml")):
-        (parent,) = client.search_runs([experiment_id], f"attributes.run_name LIKE '{name} pipeline · %'")
-        parents[name] = parent
-        assert parent.info.status == "FINISHED", parent.data.tags.get("bwopt.end_reason")
-        assert {files, "report.md"} <= {item.path for item in client.list_artifacts(parent.info.run_id)}
-        children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-        jobs = [path for path in folder.iterdir() if path.name.isdigit()]
-        summaries = [json.loads((path / "summary.json").read_text()) for path in jobs]
-        assert sorted(child.info.run_id for child in children) == sorted(summary["run_id"] for summary in summaries)
-        assert all(child.info.status == "FINISHED" for child in children)
-        assert all(child.data.metrics["throughput_examples_per_s"] > 0 for child in children)
-    assert f"**{closing}**" in parents["tune"].data.tags["mlflow.note.content"]  # tune's table, its description
-    assert parents["search"].data.tags["bwopt.study_name"] == "pipeline"
+    (parent,) = client.search_runs([experiment_id], f"attributes.run_name LIKE '{name} pipeline · %'")
+    assert parent.info.status == "FINISHED", parent.data.tags.get("bwopt.end_reason")
+    assert {sweep_file, "report.md"} <= {item.path for item in client.list_artifacts(parent.info.run_id)}
+    children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    jobs = [path for path in folder.iterdir() if path.name.isdigit()]
+    summaries = [json.loads((path / "summary.json").read_text()) for path in jobs]
+    assert jobs and sorted(child.info.run_id for child in children) == sorted(item["run_id"] for item in summaries)
+    assert all(child.info.status == "FINISHED" for child in children)
+    assert all(child.data.metrics["throughput_examples_per_s"] > 0 for child in children)
+    return parent
+
+
+@pytest.mark.slow
+def test_tune_runs_its_trials_as_ray_tasks_on_a_local_cluster(tmp_path):
+    """The Ray launcher's plugin (installed with `.[ray]`, not among the test dependencies): a local
+    cluster it starts on 127.0.0.1 without its dashboard, each trial a Ray task in a worker process
+    that inherits the launching process's environment, so the parent run's id reaches every job."""
+    if importlib.util.find_spec(PLUGINS["ray"]) is None:
+        pytest.skip(f"{PLUGINS['ray']} is not installed (pip install -e '.[ray]')")
+    local = [
+        "hydra/launcher=ray",
+        "+hydra.launcher.ray.init._node_ip_address=127.0.0.1",
+        "+hydra.launcher.ray.init.include_dashboard=false",
+    ]
+    sweep, closing = two_trials(local, tmp_path)
+    tune = parent_with_its_jobs(tmp_path, "tune", sweep, "tune.md")
+    assert f"**{closing}**" in tune.data.tags["mlflow.note.content"]
