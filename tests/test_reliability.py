@@ -141,7 +141,9 @@ def test_a_signal_after_training_stops_the_phase_within_seconds_and_keeps_what_w
     read_until(process.stdout, "epoch 2/2")
     time.sleep(3)  # the validation pass, the host references: the phase is running now
     _, stderr, took_s = stop_and_time(process, signal.SIGTERM)
-    assert process.returncode == 143 and took_s < 15, (took_s, stderr[-3000:])  # the records take seconds
+    # the phase left would take hours; what follows the stop (checkpoint, summary, the MLflow run's
+    # end) takes seconds idle and 16 s was seen beside two busy loops and two test workers
+    assert process.returncode == 143 and took_s < 60, (took_s, stderr[-3000:])
     assert "Traceback" not in stderr
     _, (run,) = runs_in(tmp_path / "outputs" / "mlflow.db")
     assert run.info.status == "KILLED" and run.data.tags["bwopt.end_reason"] == "stopped by SIGTERM"
