@@ -263,22 +263,22 @@ def probe(overrides: List[str], whole_decode: bool = False) -> Dict[str, object]
         whole = configured(WHOLE_DECODE)
         if decode_apart(whole.pipeline, source):  # cropped at random: the decoding moves before the shuffle
             whole_decode_stages = staged(whole, measure(whole))
+
+    def cost_toggled(override: str, replaced) -> float:
+        """The per-batch cost of the stages at the indices `replaced` with `override` on: the whole
+        pipeline's CPU time per batch in a window of its own, less the other stages as measured."""
+        toggled = measure(configured([override]))
+        others = sum(stage["cost_per_batch_s"] for at, stage in enumerate(stages) if at not in replaced)
+        return max(toggled["cpu_s"] / max(toggled["batches"], 1) - others, 0.0)
+
     vectorized_cost = None
-    maps = [stage for stage in stages if stage["kind"] == "map"]
+    maps = [at for at, stage in enumerate(stages) if stage["kind"] == "map"]
     if maps and not config.pipeline.vectorized_map and config.pipeline.preprocess != "imagenet":
-        # toggled: the whole pipeline's CPU time per batch with the maps on whole batches, less the
-        # other stages as measured per element
-        toggled = measure(configured(["pipeline.vectorized_map=true"]))
-        others = sum(stage["cost_per_batch_s"] for stage in stages if stage["kind"] != "map")
-        vectorized_cost = max(toggled["cpu_s"] / max(toggled["batches"], 1) - others, 0.0)
+        vectorized_cost = cost_toggled("pipeline.vectorized_map=true", maps)  # the maps on whole batches
     fused_cost = None
     feeds = [at for at in range(len(stages) - 1) if (stages[at]["kind"], stages[at + 1]["kind"]) == ("map", "batch")]
     if feeds and fusion_off:
-        # the same: the whole pipeline's CPU time per batch with the map and the batch fused, less the
-        # other stages as measured apart
-        toggled = measure(configured(["pipeline.options.map_and_batch_fusion=true"]))
-        others = sum(stage["cost_per_batch_s"] for at, stage in enumerate(stages) if at not in (feeds[0], feeds[0] + 1))
-        fused_cost = max(toggled["cpu_s"] / max(toggled["batches"], 1) - others, 0.0)
+        fused_cost = cost_toggled("pipeline.options.map_and_batch_fusion=true", (feeds[0], feeds[0] + 1))
     value_range = getattr(source, "value_range", None)
     value_range = value_range() if callable(value_range) else value_range
     in_byte_range = value_range is not None and value_range[0] >= 0 and value_range[1] <= 255
