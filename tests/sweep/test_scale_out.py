@@ -34,6 +34,7 @@ def test_scale_out_launchers_compose_without_their_plugins(tmp_path, launcher, t
     else:
         assert config["ray"]["init"]["address"] == "10.0.0.5:6379"  # from RAY_ADDRESS
         assert config["ray"]["remote"]["max_calls"] == 1  # a fresh worker process per job
+        assert config["ray"]["remote"]["max_retries"] == 0  # a failed job runs once, not four times
 
 
 @pytest.mark.parametrize("launcher", sorted(PLUGINS))
@@ -166,9 +167,9 @@ def parent_with_its_jobs(work, name: str, folder, sweep_file: str):
 
 @pytest.mark.slow
 def test_tune_runs_its_trials_as_ray_tasks_on_a_local_cluster(tmp_path):
-    """The Ray launcher's plugin (installed with `.[ray]`, not among the test dependencies): a local
-    cluster it starts on 127.0.0.1 without its dashboard, each trial a Ray task in a worker process
-    that inherits the launching process's environment, so the parent run's id reaches every job."""
+    """The Ray launcher's plugin (among the test dependencies, as in `.[ray]`): a local cluster it
+    starts on 127.0.0.1 without its dashboard, each trial a Ray task in a worker process that
+    inherits the launching process's environment, so the parent run's id reaches every job."""
     if importlib.util.find_spec(PLUGINS["ray"]) is None:
         pytest.skip(f"{PLUGINS['ray']} is not installed (pip install -e '.[ray]')")
     local = [
