@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
 SOURCE, MAP, BATCH, SHUFFLE, OTHER = "source", "map", "batch", "shuffle", "other"
-# Opt-in settings that change the math or the pixels (tune.allow): none is proposed without it.
+# Opt-in settings that change the math or the pixels (hydra.sweeper.allow): none is proposed without it.
 ALLOWED_CHANGES = ("precision", "batch_size", "decode")
 # What the model assumes a 16-bit policy does at best to the step: half float32's time (units that
 # run 16-bit matrix products at twice the rate); the trial measures what it does.
@@ -35,7 +35,7 @@ MAX_PREFETCH = 16
 MAX_STEPS_PER_EXECUTION = 64
 HOST_OVERHEAD_SHARE = 0.2  # the verdict's threshold (bwopt.measure): above it, amortise the host's cost
 HOST_SHARE_AIM = 0.05  # what amortising the host's cost aims its share at
-# The most a larger batch multiplies the start's by (tune.allow: [batch_size]): the fewer steps an
+# The most a larger batch multiplies the start's by (hydra.sweeper.allow: [batch_size]): the fewer steps an
 # epoch has, the further the optimisation moves from the start's, whatever the learning-rate rule.
 MAX_BATCH_SCALE = 4
 # How the learning rate follows the batch (k times the examples per step): linear for SGD (Goyal et
@@ -115,7 +115,7 @@ class Profile:
             ceilings (bwopt.measure.ceilings.step_cores); 1 where not measured.
         whole_decode_stages: where the start decodes only the crop windows of images cropped at
             random, the stages of the same pipeline decoding whole images, the decoding a
-            deterministic stage before the shuffle (probed with tune.allow=[decode]); else None.
+            deterministic stage before the shuffle (probed with hydra.sweeper.allow=[decode]); else None.
         fused_map_batch_cost_s: where a per-element map feeds the batch, the two as one op (tf.data's
             map-and-batch fusion) per batch, measured; None where not measured.
     """

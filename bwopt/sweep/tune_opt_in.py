@@ -1,7 +1,7 @@
-"""The changes `tune` makes only where tune.allow names them: they change the math or the pixels.
+"""The changes `tune` makes only where hydra.sweeper.allow names them: they change the math or the pixels.
 
 Candidates on the cost model's `State` (bwopt.sweep.tune_changes), weighed after every change that
-keeps the examples and the math, in tune.allow's order: a 16-bit precision (`precision`), a larger
+keeps the examples and the math, in hydra.sweeper.allow's order: a 16-bit precision (`precision`), a larger
 batch with its learning rate scaled (`batch_size`) and JPEGs decoded whole into a cache instead of
 only their random crop windows (`decode`). Each is kept only when faster and its val_accuracy is
 within the tolerance of the start's. Pure: no TensorFlow, no Hydra.
@@ -24,13 +24,13 @@ from bwopt.sweep.tune_decide import (
 
 def lower_precision(state: State, profile: Profile, budget: Budget):
     """A 16-bit policy for the step, where the device has units for it: it changes the math, so it
-    is proposed only with `tune.allow: [precision]`, after every change that keeps the math."""
+    is proposed only with `hydra.sweeper.allow: [precision]`, after every change that keeps the math."""
     if state.precision != "float32" or not profile.sixteen_bit:
         return None
     step = state.host_overhead_s + (state.step_time_s - state.host_overhead_s) / SIXTEEN_BIT_SPEEDUP
     reason = (
         f"{profile.sixteen_bit_reason}: the step ({ms(state.step_time_s)} per batch) at best "
-        f"{ms(step)} → device.precision={profile.sixteen_bit} (changes the math: allowed by tune.allow; kept "
+        f"{ms(step)} → device.precision={profile.sixteen_bit} (changes the math: allowed by hydra.sweeper.allow; kept "
         "only if faster and val_accuracy within the tolerance)"
     )
     new = replace(state, precision=profile.sixteen_bit, step_time_s=step)
@@ -41,7 +41,7 @@ def enlarge_batch(state: State, profile: Profile, budget: Budget):
     """A larger global batch, where the host's fixed cost per step is a share of the step that the
     batch amortises (`batch_scale_for`); the learning rate follows its optimizer's rule and, where the
     start sets train.steps_per_epoch, an epoch runs fewer steps of the same examples. Only with
-    `tune.allow: [batch_size]`: the model then takes fewer, larger steps. Not proposed when an epoch
+    `hydra.sweeper.allow: [batch_size]`: the model then takes fewer, larger steps. Not proposed when an epoch
     would keep no step beyond its warm-up, or would not be whole executions of
     train.steps_per_execution; the model counts only the host's share, not what a fuller device gains."""
     if state.batch_scale != 1 or not profile.learning_rate or profile.optimizer not in LEARNING_RATE_RULES:
@@ -66,7 +66,7 @@ def enlarge_batch(state: State, profile: Profile, budget: Budget):
         f"train.global_batch_size={batch} ({scale}× the examples per step, {steps} steps per epoch; the model "
         "counts only the host's share), "
         f"train.learning_rate={rate:.6g} ({profile.optimizer}: the {rule} rule) (changes the math: allowed by "
-        "tune.allow; kept only if faster and val_accuracy within the tolerance)"
+        "hydra.sweeper.allow; kept only if faster and val_accuracy within the tolerance)"
     )
     return new, overrides, reason
 
@@ -88,7 +88,7 @@ def decode_whole(state: State, profile: Profile, budget: Budget):
     """JPEGs decoded whole, before the shuffle, into a cache, where the start decodes only each
     random crop window (`fused_decode_crop: true`): a random decode leaves nothing decoded to
     cache. The cropped pixels may move by up to two levels (libjpeg decodes a window's edges from
-    other neighbours), so it is proposed only with `tune.allow: [decode]`, and only with a cache
+    other neighbours), so it is proposed only with `hydra.sweeper.allow: [decode]`, and only with a cache
     of the decoded images within the memory budget: decoding whole images every epoch costs
     more than decoding crop windows. The stages are the probe's of that pipeline (`Profile.whole_decode_stages`)."""
     if state.whole_decoded or state.vectorized or not profile.whole_decode_stages:
@@ -107,11 +107,12 @@ def decode_whole(state: State, profile: Profile, budget: Budget):
     decoding = f" ({ms(decode.cost_per_batch_s)} per batch, measured)" if decode else ""
     reason = (
         f"decoding only each random crop window leaves nothing decoded to cache; decoding whole images{decoding} "
-        f"is deterministic, before the shuffle → pipeline.fused_decode_crop=false: {reason} (moves cropped pixels "
-        "by up to two levels: allowed by tune.allow; kept only if faster and val_accuracy within the tolerance)"
+        f"is deterministic, before the shuffle → pipeline.fused_decode_crop=false: {reason} (moves cropped "
+        "pixels by up to two levels: allowed by hydra.sweeper.allow; kept only if faster and val_accuracy within "
+        "the tolerance)"
     )
     return new, {"pipeline.fused_decode_crop": "false", **cached}, reason
 
 
-# tune.allow's names -> the candidates they let in (weighed in tune.allow's order).
+# hydra.sweeper.allow's names -> the candidates they let in (weighed in hydra.sweeper.allow's order).
 OPT_IN: Dict[str, Callable] = {"precision": lower_precision, "batch_size": enlarge_batch, "decode": decode_whole}

@@ -5,7 +5,7 @@ parallelism by water-filling, a cache, prefetch depth, the map and the batch fus
 execution, batches fetched to an accelerator) is applied to the model in turn; the one with the
 largest predicted gain is taken, the model updated, and the rest weighed again on top of it,
 until no candidate is predicted to gain `MIN_PREDICTED_GAIN`; then the changes to the math or the pixels that
-tune.allow lets in (`OPT_IN`: a 16-bit precision, a larger batch, JPEGs decoded whole into a
+hydra.sweeper.allow lets in (`OPT_IN`: a 16-bit precision, a larger batch, JPEGs decoded whole into a
 cache). Each proposal carries its overrides and a one-line reason with the numbers it came from.
 Pure: no TensorFlow, no Hydra (bwopt.sweep.tune_decide holds the model, bwopt.sweep.tune_changes
 and bwopt.sweep.tune_opt_in the candidates).
@@ -38,7 +38,7 @@ def plan(
     `kept` and `rejected` name proposals already run (`Proposal.name`): the kept ones are applied
     first, in their order, and the rejected ones are left out, so after a revert the rest are
     weighed again on top of what was kept rather than of the change that did not help. `allow`
-    (tune.allow) lets in changes that alter the math (`OPT_IN`): they come after every change that
+    (hydra.sweeper.allow) lets in changes that alter the math (`OPT_IN`): they come after every change that
     keeps it, in `allow`'s order.
     """
     state = initial_state(profile, start)

@@ -20,7 +20,7 @@ A start that decodes whole images after the shuffle (`fused_decode_crop: false`,
 preprocessing, no cache) has its decoding timed apart and made a stage of its own before the
 shuffle, where a cache would run it (bwopt.sweep.tune_decoding). A start that decodes only each
 crop window (`fused_decode_crop: true`) is probed that way a second time, with `--whole-decode`
-(tune.allow=[decode]): the stages of the pipeline decoding whole images.
+(hydra.sweeper.allow=[decode]): the stages of the pipeline decoding whole images.
 
 The nodes on the pipeline's main chain become stages (bwopt.sweep.tune_decide.Stage): the source
 (with every node off the chain: files read through interleave, the positions zipped in), the maps
@@ -41,7 +41,7 @@ WINDOW_S = 1.5
 MIN_BATCHES = 8
 MAX_BATCHES = 400
 WARMUP_BATCHES = 3
-# What tune.allow=[decode] proposes from a fused decode of crop windows, probed without a cache.
+# What hydra.sweeper.allow=[decode] proposes from a fused decode of crop windows, probed without a cache.
 WHOLE_DECODE = ["pipeline.fused_decode_crop=false", "pipeline.cache=off"]
 MEASURING = [
     "tracking=none",

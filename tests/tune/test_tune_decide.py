@@ -459,7 +459,7 @@ def test_jpegs_are_decoded_whole_into_a_cache_only_when_allowed_and_only_with_th
     shuffle and 8 ms cropping after it. Cached, the decode runs in one epoch of 12: the pipeline's
     CPU falls to 8 + 10 / 12 = 8.8 ms a batch, so a batch after prefetch takes (8.8 + 2 x 103) / 2
     = 107.4 ms against (18 + 206) / 2 = 112: ×1.04. It moves cropped pixels by up to two levels,
-    so only tune.allow=[decode] lets it in, and never without the cache (decoding whole images
+    so only hydra.sweeper.allow=[decode] lets it in, and never without the cache (decoding whole images
     every epoch costs more than the windows)."""
     profile = Profile(
         CROP_WINDOWS, 32, 960, step_time_s=0.103, epochs=12, step_cores=2, whole_decode_stages=WHOLE_IMAGES
@@ -510,7 +510,7 @@ def test_the_map_and_the_batch_are_fused_where_the_start_turned_fusion_off():
     vectorizable = replace(profile, vectorized_map_cost_s=0.002)
     names = [proposal.name for proposal in plan(vectorizable, budget, {"fused": False})]
     assert names[0] == "vectorize" and "fuse" not in names
-    # kept, then decoded whole (tune.allow=[decode]): the crops' map and the batch stay one op
+    # kept, then decoded whole (hydra.sweeper.allow=[decode]): the crops' map and the batch stay one op
     decodable = replace(profile, whole_decode_stages=with_batch_cost(WHOLE_IMAGES, 0.0005))
     decode = plan(decodable, budget, {"fused": False}, kept=["fuse"], allow=["decode"])[-1]
     assert decode.name == "decode whole"

@@ -66,7 +66,7 @@ def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches
     assert cache.overrides == {"pipeline.cache": "memory"}
     assert cache.reason.startswith("stages up to map (decode) are deterministic"), cache.reason
 
-    # it decodes whole images already: no second window, nothing for tune.allow=[decode] to propose
+    # it decodes whole images already: no second window, nothing for hydra.sweeper.allow=[decode] to propose
     assert picture["whole_decode_stages"] is None and "decode whole" not in proposals
 
     # decoding only the crop window is random: nothing before the shuffle but the read, which a cache may hold
@@ -78,7 +78,7 @@ def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches
     assert "map (decode)" not in names[: names.index("shuffle, repeat")], names
     if "cache" in proposals:
         assert proposals["cache"].reason.startswith("stages up to source"), proposals["cache"].reason
-    # tune.allow=[decode]: the same pipeline decoding whole images, probed in a window of its own
+    # hydra.sweeper.allow=[decode]: the same pipeline decoding whole images, probed in a window of its own
     whole = picture["whole_decode_stages"]
     names = [stage["name"] for stage in whole]
     assert names.index("map (decode)") < names.index("shuffle, repeat"), names

@@ -70,7 +70,7 @@ def test_the_file_source_proposals_read_the_same_examples(reference, epochs):  #
 
 
 def test_a_larger_batch_takes_the_same_examples_in_the_same_order(reference):  # noqa: F811
-    """tune.allow: [batch_size] changes how many examples a step takes, not which ones or in which
+    """hydra.sweeper.allow: [batch_size] changes how many examples a step takes, not which ones or in which
     order: the start's stream, shuffled and augmented, read in steps of 64 instead of 16."""
     profile = step_bound(batch_size=16, examples_per_epoch=160, steps_per_epoch=10, warmup_steps=1)
     proposals = plan(profile, Budget(2, 1e9), {}, rejected=["amortise host"], allow=["batch_size"])
