@@ -24,6 +24,9 @@
 
 Targets: tune ÷ start ≥ 1, tune ≥ 0.9 of min(ceilings), tune ≥ 1.2 × autotune
 everything (where caching or placement matters), tune ≥ pipeline=tuned, tune ≥ search's best.
+Also printed: whether the re-measured tune ÷ start lies within the interval of the gain tune's
+closing line claimed, and whether tune's val_accuracy is within `sweep.accuracy_tolerance` (0.03)
+of the start's.
 
 Run: `.venv/bin/python benchmarks/tune_payoff.py [--workload pipelines|imagenet_like] [--search N]
 [--rounds K] [--allow CHANGE ...]` (`--allow decode`: tune's `hydra.sweeper.allow=[decode]`;
@@ -33,6 +36,8 @@ pipelines: about 8 min on 2 cores; imagenet_like: about 20 min).
 
 import argparse
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,7 +45,7 @@ import time
 from pathlib import Path
 
 import yaml
-from _common import QUIET, SMOKE, compose, configure_devices, load_line, ratios, run_bwopt, spread, verdict
+from _common import QUIET, SMOKE, compose, configure_devices, load_line, ratios, run_bwopt, spread, typical, verdict
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = {
@@ -58,6 +63,8 @@ AUTOTUNE_EVERYTHING = [
 ]
 TARGETS = {"start": 1.0, "autotune everything": 1.2, "pipeline=tuned": 1.0, "search": 1.0}
 TARGET_OF_CEILING = 0.9
+ACCURACY_TOLERANCE = 0.03  # sweep.accuracy_tolerance's default
+CLAIMED_GAIN = re.compile(r"×([\d.]+) over the start \(95 % CI ×([\d.]+)–×([\d.]+)\)")
 
 
 def bwopt_sweep(arguments, folder: Path) -> float:
@@ -129,6 +136,7 @@ def main() -> None:
             sides["search"] = arguments.search_best
         measured = remeasure(sides, arguments.rounds, scratch / "run")
     report(measured)
+    print(reproduced(closing, measured))
 
 
 def remeasure(sides, rounds: int, folder: Path):
@@ -166,6 +174,36 @@ def report(summaries) -> None:
         if of_cores:
             cores = [s.measurements["cores_ceiling_examples_per_s"] for s in runs]
             print(f"  {name:<20} / cores ceiling {spread(of_cores, '.2f')}  (cores ceiling {spread(cores, ',.0f')})")
+
+
+def reproduced(closing: str, summaries) -> str:
+    """Whether the side-by-side runs reproduce what the tuning claimed: its gain within the interval
+    of its closing line (or, where it kept nothing, the start within noise of itself), and tune's
+    val_accuracy within the tolerance of the start's."""
+    throughput = {name: [s.figures.throughput_examples_per_s for s in summaries[name]] for name in ("tune", "start")}
+    per_round = ratios(throughput["tune"], throughput["start"])
+    claimed = CLAIMED_GAIN.search(closing)
+    if claimed:
+        gain, low, high = (float(value) for value in claimed.groups())
+        inside = low <= typical(per_round) <= high
+        gain_text = (
+            f"re-measured tune / start ×{typical(per_round):.2f}, the tuning's ×{gain:g} (95 % CI ×{low:g}–×{high:g}): "
+            f"{'within' if inside else 'outside'} its interval"
+        )
+    else:
+        gain_text = f"the tuning kept no change, the same configuration re-measured: {spread(per_round, '.2f')}"
+    accuracy = {
+        name: statistics.median(s.final_metrics["val_accuracy"] for s in summaries[name])
+        for name in ("tune", "start")
+        if all("val_accuracy" in s.final_metrics for s in summaries[name])
+    }
+    if len(accuracy) < 2:
+        return f"reproduced: {gain_text}; no val_accuracy to compare"
+    close = accuracy["tune"] >= accuracy["start"] - ACCURACY_TOLERANCE
+    return (
+        f"reproduced: {gain_text}; val_accuracy (median) tune {accuracy['tune']:.3f}, start {accuracy['start']:.3f}: "
+        f"{'within' if close else 'more than'} {ACCURACY_TOLERANCE:g} below"
+    )
 
 
 def of_each(summary):

@@ -109,3 +109,35 @@ def test_machine_noises_correlation_interval_holds_the_true_correlation_95_perce
     assert 0.93 <= np.mean(covered) <= 0.97
     called = [correlation(list(x), list(y))[1] > 0 for x, y in rng.normal(size=(2000, 2, 40))]
     assert 0.01 <= np.mean(called) <= 0.045  # one side of a 95 % interval: 2.5 %
+
+
+def test_the_payoff_says_whether_the_side_by_side_runs_reproduce_the_tunings_claim():
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from tune_payoff import reproduced
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+    def runs(throughputs, accuracy):
+        return [
+            SimpleNamespace(
+                figures=SimpleNamespace(throughput_examples_per_s=value), final_metrics={"val_accuracy": accuracy}
+            )
+            for value in throughputs
+        ]
+
+    claimed = "tuned: ×4.1 over the start (95 % CI ×3.5–×4.7), 1.05 of the cores ceiling, 14 runs, 5 min"
+    start = runs([1000, 1100, 900], 1.0)
+    assert reproduced(claimed, {"tune": runs([4000, 4620, 3690], 0.99), "start": start}) == (
+        "reproduced: re-measured tune / start ×4.10, the tuning's ×4.1 (95 % CI ×3.5–×4.7): within its interval; "
+        "val_accuracy (median) tune 0.990, start 1.000: within 0.03 below"
+    )
+    line = reproduced(claimed, {"tune": runs([2000, 2200, 1800], 0.95), "start": start})
+    assert "×2.00, the tuning's ×4.1 (95 % CI ×3.5–×4.7): outside its interval" in line
+    assert line.endswith("tune 0.950, start 1.000: more than 0.03 below")
+    kept_nothing = reproduced(
+        "tuned: the start as given, no change run, 2 runs, 3 min", {"tune": start, "start": start}
+    )
+    assert kept_nothing.startswith("reproduced: the tuning kept no change, the same configuration re-measured: 1.00")
