@@ -116,14 +116,24 @@ def installed():
         signal.signal(signum, handler)
 
 
+# Hydra's flags that take a value (the value follows as the next argument)
+VALUED_FLAGS = {"-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name", "-c", "--cfg", "-p", "--package"}
+
+
 def run_bwopt(*args, cwd, timeout=300, env=None):
     """`python -m bwopt ARGS` in a fresh process; a single run gets `TEST_DEFAULTS` unless ARGS set
-    those keys (a multirun does not: its jobs are named after their overrides)."""
+    those keys (a multirun does not: its jobs are named after their overrides). They go after the
+    flags ARGS starts with: Hydra's command line takes its overrides in one run."""
     given = {argument.split("=")[0] for argument in args}
     multirun = "-m" in args or "--multirun" in args
     defaults = [] if multirun else [item for item in TEST_DEFAULTS if item.split("=")[0] not in given]
+    flags, rest = [], list(args)
+    while rest and rest[0].startswith("-"):
+        flags.append(rest.pop(0))
+        if flags[-1] in VALUED_FLAGS and rest:
+            flags.append(rest.pop(0))
     return subprocess.run(
-        [sys.executable, "-m", "bwopt", *defaults, *args],
+        [sys.executable, "-m", "bwopt", *flags, *defaults, *rest],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -26,9 +26,10 @@ bwopt.sweep.sweeper.ParentBeside), one at a time, each with `measure.ceilings=tr
 4. it stops when the incumbent reaches `target_fraction` of its compute ceiling (the input side
    has nothing left to give), when no proposal is left, or after `max_trials` trials.
 
-At the end the sweep folder holds tuned.yaml (`python -m bwopt $(cat tuned.yaml)`), tune.md (the
-table, the per-stage picture and the closing line) and tune_path.png; the parent run gets them as
-artifacts, the table as its description and the result as metrics.
+At the end the sweep folder holds tuned.yaml (`python -m bwopt $(cat tuned.yaml)`), the same as an
+experiment config in experiment/tuned.yaml (`python -m bwopt -cd SWEEP_FOLDER experiment=tuned`),
+tune.md (the table, the per-stage picture and the closing line) and tune_path.png; the parent run
+gets them as artifacts, the table as its description and the result as metrics.
 """
 
 import json
@@ -76,6 +77,8 @@ from bwopt.sweep.tune_text import (
     slow_sentence,
     stage_table,
     table,
+    tuned_overrides,
+    write_experiment,
     write_tuned,
 )
 
@@ -99,6 +102,7 @@ class PipelineTuner(Sweeper):
             print(f"bwopt: invalid config: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         self.config: Optional[DictConfig] = None
+        self.config_loader = None  # Hydra's, from setup: it composes experiment/tuned.yaml to check it
         self.launcher = None
         self.accuracy_tolerance = SweepConfig().accuracy_tolerance
         self.sweep_dir = Path(".")
@@ -115,6 +119,7 @@ class PipelineTuner(Sweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
+        self.config_loader = hydra_context.config_loader
         self.accuracy_tolerance, self.launcher = prepare_sweep(
             config, hydra_context, task_function, parent_name="tune pipeline"
         )
@@ -152,7 +157,7 @@ class PipelineTuner(Sweeper):
         kept: List[str] = []
         rejected: List[str] = []
         while True:
-            # past the target only the opt-in changes (tune.allow) are left to try
+            # past the target only the opt-in changes (hydra.sweeper.allow) are left to try
             reached = self._reached_target(incumbent)
             proposal = next_proposal(kept, rejected, reached)
             if reached and proposal is None:
@@ -293,6 +298,7 @@ class PipelineTuner(Sweeper):
         tuned = write_tuned(self.sweep_dir / "tuned.yaml", base, final.overrides)
         plot = plot_path(self.trials, self.sweep_dir / "tune_path.png")
         line = closing_line(start, final, self.launched, elapsed_s, pooled, drift, len(self.trials))
+        experiment = self._write_experiment(tuned_overrides(base, final.overrides), line)
         rounds = rounds_sentence(self.settings.extra_rounds, self.level, sorted(set(self.extended)))
         cores = [f"{trial.number}: {cores_used(trial):.2f}" for trial in self.trials if cores_used(trial) is not None]
         episodes = slow_sentence(self.trials)
@@ -301,7 +307,8 @@ class PipelineTuner(Sweeper):
                 f"**{line}**",
                 f"Stopped: {stop}. Tuned overrides (`tuned.yaml`): `{' '.join(final.overrides_text())}`",
                 table(self.trials),
-                f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}",
+                # the launcher's own processes only (bwopt's): a cluster's jobs run elsewhere
+                *([f"CPU cores used per trial (process CPU time / wall time): {', '.join(cores)}"] if cores else []),
                 *([episodes] if episodes else []),
                 noise_sentence(self.settings.repeats, pooled, drift),
                 *([rounds] if rounds else []),
@@ -318,8 +325,22 @@ class PipelineTuner(Sweeper):
         report.write_text(markdown + "\n")
         print(line, flush=True)
         probe = [self.probe_file] if self.probe_file.is_file() else []
-        self._annotate_parent([tuned, report, plot, *probe], markdown, start, final, (pooled, drift))
+        self._annotate_parent([tuned, *experiment, report, plot, *probe], markdown, start, final, (pooled, drift))
         return {"tuned": final.overrides, "closing_line": line, "trials": len(self.trials)}
+
+    def _write_experiment(self, overrides: List[str], line: str) -> List[Path]:
+        """experiment/tuned.yaml in the sweep folder: tuned.yaml's overrides as an experiment config,
+        run with `python -m bwopt -cd SWEEP_FOLDER experiment=tuned` or copied into conf/experiment/."""
+        if self.config_loader is None:  # not set up by Hydra: nothing to check the file with
+            return []
+        path = self.sweep_dir / "experiment" / "tuned.yaml"
+        usage = f"python -m bwopt -cd {self.sweep_dir} experiment=tuned (or copied into conf/experiment/)"
+        config_name = self.config.hydra.job.config_name
+        why_not = write_experiment(path, overrides, self.config_loader, config_name, [line, usage])
+        if why_not:
+            log.info(f"tune: no experiment/tuned.yaml: {why_not}; tuned.yaml holds the overrides")
+            return []
+        return [path]
 
     def _annotate_parent(self, files: List[Path], markdown: str, start: Trial, final: Trial, noise) -> None:
         parent = getattr(self.launcher, "parent", None)
@@ -328,7 +349,8 @@ class PipelineTuner(Sweeper):
         from bwopt.tracking.names import NOTE_TAG
         from bwopt.tracking.sweeps import within_limit
 
-        parent.annotate(files, {NOTE_TAG: within_limit(markdown), "bwopt.tune.tuned": " ".join(final.overrides_text())})
+        tags = {NOTE_TAG: within_limit(markdown), "bwopt.tune.tuned": " ".join(final.overrides_text())}
+        parent.annotate(files, tags, root=self.sweep_dir)
         metrics = {"tune_num_trials": len(self.trials), "tune_throughput_examples_per_s": final.throughput}
         if final is not start:
             comparison = against(final, start, *noise)

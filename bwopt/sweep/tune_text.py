@@ -1,10 +1,12 @@
 """What `tune` writes in words: the table of the path, the sentences on its noise and rounds, the
-probe's stage table, the closing line and tuned.yaml, from the trials and comparisons of
-bwopt.sweep.tune_record. No TensorFlow.
+probe's stage table, the closing line, tuned.yaml and the same overrides as an experiment config,
+from the trials and comparisons of bwopt.sweep.tune_record. No TensorFlow.
 """
 
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from omegaconf import OmegaConf
 
 from bwopt.measure.uncertainty import Comparison
 from bwopt.sweep.tune_record import Trial, against
@@ -174,3 +176,59 @@ def write_tuned(path: Path, base: Sequence[str], overrides: Dict[str, str]) -> P
     (and YAML reads it as one string of them)."""
     path.write_text("\n".join(tuned_overrides(base, overrides)) + "\n")
     return path
+
+
+def experiment_text(overrides: Sequence[str], is_group: Callable[[str], bool], comments: Sequence[str] = ()) -> str:
+    """The overrides as an experiment config like conf/experiment/'s presets (`# @package _global_`):
+    the preset they start from, then `_self_`, then their group choices in its defaults list; their
+    values as nested keys.
+
+    Raises ValueError for an override a config file cannot hold (a deletion, a package)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    includes, choices, values = [], [], OmegaConf.create()
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key, value = override.key_or_group, override.value()
+        if override.is_delete() or override.package is not None:
+            raise ValueError(f"`{override.input_line}` has no form in a config file")
+        if key == "experiment":
+            includes += [] if value is None else [f"/experiment/{value}"]
+        elif is_group(key) and override.is_add():  # a group the defaults list leaves out
+            includes.append({f"/{key}": value})
+        elif is_group(key):
+            choices.append({f"override /{key}": value})
+        else:
+            OmegaConf.update(values, key, value, force_add=True)
+    body = OmegaConf.merge(OmegaConf.create({"defaults": [*includes, "_self_", *choices]}), values)
+    header = ["# @package _global_", *(f"# {comment}" for comment in comments)]
+    return "\n".join(header) + "\n" + OmegaConf.to_yaml(body)
+
+
+def write_experiment(path: Path, overrides: Sequence[str], loader, config_name: str, comments: Sequence[str]) -> str:
+    """Write `experiment_text` to `path` (an `experiment/` folder) only if Hydra's `loader` composes it,
+    as `experiment=NAME` with the folder's parent on the search path, to the config the overrides
+    give; '' when written, else why not."""
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf.errors import OmegaConfBaseException
+
+    def composed(items: Sequence[str]) -> dict:
+        config = OmegaConf.to_container(loader.load_configuration(config_name, list(items), RunMode.RUN))
+        config.pop("hydra", None)
+        return config
+
+    try:
+        text = experiment_text(overrides, lambda key: bool(loader.get_group_options(key)), comments)
+    except ValueError as error:
+        return str(error)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    try:
+        same = composed([f"hydra.searchpath=[file://{path.parent.parent.resolve()}]", f"experiment={path.stem}"])
+        if same == composed(overrides):
+            return ""
+        reason = "it composes to a config other than the overrides'"
+    except (HydraException, OmegaConfBaseException) as error:
+        reason = f"it does not compose: {str(error).splitlines()[0]}"
+    path.unlink()
+    return reason

@@ -88,11 +88,13 @@ class ParentRun:
         with guarded(self.uri, "resume the parent run"):
             self.client.update_run(self.run_id, status="RUNNING")
 
-    def annotate(self, files: Sequence[Path], tags: Dict[str, str]) -> None:
-        """Log more files and tags onto the run (a search's results, after its last batch)."""
+    def annotate(self, files: Sequence[Path], tags: Dict[str, str], root: Optional[Path] = None) -> None:
+        """Log more files and tags onto the run (a search's results, after its last batch); a file in a
+        folder below `root` keeps that folder in the run's artifacts."""
         for path in files:
+            folder = str(path.parent.relative_to(root)) if root is not None and path.parent != root else None
             with guarded(self.uri, f"log {path.name}"):
-                self.client.log_artifact(self.run_id, str(path))
+                self.client.log_artifact(self.run_id, str(path), folder)
         for key, value in tags.items():
             with guarded(self.uri, f"set tag {key}"):
                 self.client.set_tag(self.run_id, key, value)

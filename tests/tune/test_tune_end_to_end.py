@@ -48,6 +48,13 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
     kept = [item for item in changed if item in tuned]
     assert kept in ([], changed)  # the one change is kept whole or reverted whole
     assert tuned == [*WORKLOAD, *SMALL, *kept]
+    # the same as an experiment config, run from the sweep folder as users would: the same config
+    # (the key run_bwopt would otherwise set for a run, as tuned.yaml sets it)
+    arguments = ["-cd", str(sweep), "--cfg", "job", "experiment=tuned", "measure.min_timed_s=0.5"]
+    as_experiment = run_bwopt(*arguments, cwd=tmp_path, timeout=60)
+    as_overrides = run_bwopt(*tuned, "--cfg", "job", cwd=tmp_path, timeout=60)
+    assert as_experiment.returncode == as_overrides.returncode == 0, as_experiment.stderr[-3000:]
+    assert yaml.safe_load(as_experiment.stdout) == yaml.safe_load(as_overrides.stdout)
 
     report = (sweep / "tune.md").read_text()
     closing = next(line for line in result.stdout.splitlines() if line.startswith("tuned: "))
@@ -80,7 +87,8 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
         statistics.median(summary["figures"]["throughput_examples_per_s"] for summary in final)
     )
     artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
-    assert {"tuned.yaml", "tune.md", "tune_path.png", "tune_probe_start.json"} <= artifacts
+    assert {"tuned.yaml", "experiment", "tune.md", "tune_path.png", "tune_probe_start.json"} <= artifacts
+    assert [item.path for item in client.list_artifacts(parent.info.run_id, "experiment")] == ["experiment/tuned.yaml"]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """tune's record of its trials: the path plot, from trials built by hand (no TensorFlow, no process)."""
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -227,3 +228,58 @@ def test_each_runs_time_in_slow_episodes_is_read_and_said_per_trial(tmp_path):
     sentence = slow_sentence([start, short])
     assert "per trial: 0: 31 %, 0 %." in sentence and "1:" not in sentence
     assert slow_sentence([short]) == ""
+
+
+TUNED_WORKLOADS = [
+    ["experiment=pipelines", "pipeline=naive", "pipeline.vectorized_map=true", "pipeline.map_parallelism=2"],
+    ["experiment=imagenet_like", "pipeline=naive", "pipeline.fused_decode_crop=false", "pipeline.cache=memory"],
+    ["tracking=server/mlflow", "data=synthetic", "data.image_shape=[8,8,1]", "train.steps_per_execution=4"],
+    ["model=cnn", "strategy=mirrored", "pipeline.tfrecord.enabled=true", "pipeline.prefetch=autotune"],
+]
+
+
+def written_experiment(folder, overrides):
+    """(the file's text or None, why not) from write_experiment with Hydra's own loader on conf/."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from bwopt.app import config_dir
+    from bwopt.sweep.tune_text import write_experiment
+
+    path = folder / "experiment" / "tuned.yaml"
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        loader = GlobalHydra.instance().hydra.config_loader
+        why_not = write_experiment(path, overrides, loader, "config", ["tuned: ×2.0 over the start"])
+    return (path.read_text() if path.is_file() else None), why_not
+
+
+@pytest.mark.parametrize("overrides", TUNED_WORKLOADS, ids=lambda overrides: overrides[0])
+def test_the_tuned_overrides_as_an_experiment_config_compose_to_the_same_config(tmp_path, overrides):
+    """experiment/tuned.yaml composes, as `experiment=tuned` from its folder, to what tuned.yaml's
+    overrides compose to: presets, group choices (a nested one too) and values."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from bwopt.app import config_dir
+
+    text, why_not = written_experiment(tmp_path, overrides)
+    assert why_not == "" and text.startswith("# @package _global_\n# tuned: ×2.0 over the start\ndefaults:\n")
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        given = compose(config_name="config", overrides=overrides)
+        search_path = f"hydra.searchpath=[file://{tmp_path}]"  # what -cd adds on the command line
+        from_file = compose(config_name="config", overrides=[search_path, "experiment=tuned"])
+        bare = compose(config_name="config")
+    assert OmegaConf.to_container(from_file) == OmegaConf.to_container(given) != OmegaConf.to_container(bare)
+
+
+@pytest.mark.parametrize(
+    "override, why_not",
+    [
+        ("~pipeline.cache", "`~pipeline.cache` has no form in a config file"),
+        ("pipeline@train=naive", "`pipeline@train=naive` has no form in a config file"),
+        ("pipeline=fast", "it does not compose: .*pipeline/fast"),  # Hydra's own words follow
+    ],
+)
+def test_an_override_a_config_file_cannot_hold_is_named_and_no_file_is_left(tmp_path, override, why_not):
+    text, reason = written_experiment(tmp_path, ["experiment=pipelines", override])
+    assert text is None and re.fullmatch(why_not, reason.rstrip(".'")), reason
