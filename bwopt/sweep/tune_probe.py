@@ -217,6 +217,14 @@ def device_copy_s(device: str, batch_bytes: float) -> float:
     return batch_bytes / device_copy_bandwidth_bytes_per_s(gpus[0].name) if gpus else 0.0
 
 
+def exact_in_uint8(input_plan, source) -> bool:
+    """Whether uint8 carries the training features exactly: integers, all within [0, 255]."""
+    value_range = getattr(source, "value_range", None)
+    value_range = value_range() if callable(value_range) else value_range
+    in_byte_range = value_range is not None and value_range[0] >= 0 and value_range[1] <= 255
+    return bool(input_plan.integer_features and in_byte_range)
+
+
 def probe(overrides: List[str], whole_decode: bool = False) -> Dict[str, object]:
     """The per-stage picture of the training pipeline these overrides configure; with `whole_decode`
     and a start that decodes only the crop windows of images cropped at random, the stages of the
@@ -279,9 +287,6 @@ def probe(overrides: List[str], whole_decode: bool = False) -> Dict[str, object]
     feeds = [at for at in range(len(stages) - 1) if (stages[at]["kind"], stages[at + 1]["kind"]) == ("map", "batch")]
     if feeds and fusion_off:
         fused_cost = cost_toggled("pipeline.options.map_and_batch_fusion=true", (feeds[0], feeds[0] + 1))
-    value_range = getattr(source, "value_range", None)
-    value_range = value_range() if callable(value_range) else value_range
-    in_byte_range = value_range is not None and value_range[0] >= 0 and value_range[1] <= 255
     policy, policy_reason = sixteen_bit(config.device.name)
     train = config.train
     return {
@@ -293,7 +298,7 @@ def probe(overrides: List[str], whole_decode: bool = False) -> Dict[str, object]
         "vectorized_map_cost_s": vectorized_cost,
         "whole_decode_stages": whole_decode_stages,
         "fused_map_batch_cost_s": fused_cost,
-        "integer_features": bool(input_plan.integer_features and in_byte_range),
+        "integer_features": exact_in_uint8(input_plan, source),
         "feature_bytes_per_example": input_plan.bytes_per_example,
         "num_files": len(files) if files and not config.pipeline.tfrecord.enabled else 0,
         "batches": measured["batches"],

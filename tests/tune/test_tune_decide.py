@@ -515,3 +515,46 @@ def test_the_map_and_the_batch_are_fused_where_the_start_turned_fusion_off():
     decode = plan(decodable, budget, {"fused": False}, kept=["fuse"], allow=["decode"])[-1]
     assert decode.name == "decode whole"
     assert decode.predicted_batch_time_s == pytest.approx((0.010 / 12 + 0.0085 + 2 * 0.103) / 2)
+
+
+def test_uint8_transfer_is_proposed_only_for_integer_features_within_a_byte():
+    """A lossless change only: uint8 where the features are integers in [0, 255] (the probe's check,
+    on the bundled sources and on arrays outside it), never for floats or wider integers."""
+    import numpy as np
+
+    from bwopt.data.sources import ArraySource, load_source
+    from bwopt.inputs import plan as input_plan
+    from bwopt.sweep.tune_probe import exact_in_uint8
+
+    def exact(overrides=(), features=None) -> bool:
+        config = validate(compose_config(overrides))
+        source = load_source(config.data, config.seed, config.split.validation_fraction)
+        if features is not None:
+            source = ArraySource(features, source.labels[: len(features)], source.num_classes, 1.0)
+        return exact_in_uint8(input_plan(config, source), source)
+
+    labels = 1797  # digits' examples
+    assert exact(["data=digits"]) and exact(["data=synthetic"])  # uint8 arrays, 0-16 and 0-255
+    assert not exact(["data=artificial", "split=uniform", "train.warmup_steps=1"])  # float32, read from files
+    assert not exact(["data=digits"], np.full((labels, 64), 0.5, np.float32))
+    assert not exact(["data=digits"], np.full((labels, 64), 300, np.int16))
+    assert exact(["data=digits"], np.full((labels, 64), 255, np.int16))  # integers in a byte, stored wider
+
+    stages = (  # bytes cast to float32 before the shuffle (a 6 ms map a batch that uint8 leaves out)
+        Stage("source", SOURCE, 0.002, output_bytes_per_example=3072),
+        Stage("map (cast)", MAP, 0.006, True, False, 12288),
+        Stage("shuffle, repeat", SHUFFLE, 0.0015, False, True, 12288),
+        Stage("map (augment)", MAP, 0.110, True, True, 12288),
+        Stage("batch", BATCH, 0.003, False, True, 12288),
+    )
+
+    def transfers(integer_features: bool):
+        profile = Profile(stages, 512, 13107, 0.0096, integer_features=integer_features, epochs=3)
+        profile = replace(profile, feature_bytes_per_example=12288)
+        return [p for p in plan(profile, Budget(2, 4e9), {}) if "pipeline.transfer_dtype" in p.overrides]
+
+    (uint8,) = transfers(True)
+    assert uint8.overrides == {"pipeline.transfer_dtype": "uint8"}
+    assert "integers in [0, 255]: uint8 carries them exactly, a quarter of float32's 12,288 bytes" in uint8.reason
+    assert "the cast map (6.0 ms per batch) goes" in uint8.reason
+    assert transfers(False) == []
