@@ -78,6 +78,10 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
     experiment = client.get_experiment_by_name("bwopt")
     (parent,) = client.search_runs([experiment.experiment_id], "attributes.run_name LIKE 'tune pipeline %'")
     assert parent.info.status == "FINISHED" and parent.data.metrics["tune_num_trials"] == 2
+    # its description in the UI: tune.md, the closing line first, then the table of the path
+    description = parent.data.tags["mlflow.note.content"]
+    assert description.startswith(f"**{closing}**") and "\n| trial | change | reason |" in description
+    assert rows["| 1"] in description
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     summaries = [json.loads((sweep / str(n) / "summary.json").read_text()) for n in folders]
     assert sorted(child.info.run_id for child in children) == sorted(summary["run_id"] for summary in summaries)
