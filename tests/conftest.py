@@ -116,8 +116,9 @@ def installed():
         signal.signal(signum, handler)
 
 
-# Hydra's flags that take a value (the value follows as the next argument)
+# Hydra's flags that take a value (the value follows as the next argument); --info's is optional
 VALUED_FLAGS = {"-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name", "-c", "--cfg", "-p", "--package"}
+VALUED_FLAGS |= {"--experimental-rerun", "-i", "--info"}
 
 
 def run_bwopt(*args, cwd, timeout=300, env=None):
@@ -130,7 +131,7 @@ def run_bwopt(*args, cwd, timeout=300, env=None):
     flags, rest = [], list(args)
     while rest and rest[0].startswith("-"):
         flags.append(rest.pop(0))
-        if flags[-1] in VALUED_FLAGS and rest:
+        if flags[-1] in VALUED_FLAGS and rest and "=" not in rest[0] and not rest[0].startswith("-"):
             flags.append(rest.pop(0))
     return subprocess.run(
         [sys.executable, "-m", "bwopt", *flags, *defaults, *rest],

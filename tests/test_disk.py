@@ -76,8 +76,7 @@ def test_a_run_folder_holding_the_users_files_is_refused_and_left_as_it_was(tmp_
     presets = tmp_path / "my_conf" / "experiment"
     presets.mkdir(parents=True)
     (presets / "mine.yaml").write_text(f"# @package _global_\nhydra:\n  run:\n    dir: {folder}\n")
-    options = ["--config-dir", str(tmp_path / "my_conf")]  # before the overrides, as Hydra's parser wants
-    result = run_bwopt(*options, "experiment=mine", "measure.min_timed_s=0", *TINY, cwd=tmp_path)
+    result = run_bwopt("--config-dir", str(tmp_path / "my_conf"), "experiment=mine", *TINY, cwd=tmp_path)
     assert "already holds files no run wrote" in one_line_refusal(result, 2)
     assert digest(folder) == before and not (tmp_path / "outputs").exists()
 

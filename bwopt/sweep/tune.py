@@ -336,7 +336,10 @@ class PipelineTuner(Sweeper):
         path = self.sweep_dir / "experiment" / "tuned.yaml"
         usage = f"python -m bwopt -cd {self.sweep_dir} experiment=tuned (or copied into conf/experiment/)"
         config_name = self.config.hydra.job.config_name
-        why_not = write_experiment(path, overrides, self.config_loader, config_name, [line, usage])
+        try:
+            why_not = write_experiment(path, overrides, self.config_loader, config_name, [line, usage])
+        except Exception as error:  # an extra file: the tuning's report and parent run come first
+            why_not = f"{type(error).__name__}: {error}"
         if why_not:
             log.info(f"tune: no experiment/tuned.yaml: {why_not}; tuned.yaml holds the overrides")
             return []

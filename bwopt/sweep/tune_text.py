@@ -192,7 +192,8 @@ def experiment_text(overrides: Sequence[str], is_group: Callable[[str], bool], c
         if override.is_delete() or override.package is not None:
             raise ValueError(f"`{override.input_line}` has no form in a config file")
         if key == "experiment":
-            includes += [] if value is None else [f"/experiment/{value}"]
+            if value is not None:
+                includes.append(f"/experiment/{value}")
         elif is_group(key) and override.is_add():  # a group the defaults list leaves out
             includes.append({f"/{key}": value})
         elif is_group(key):
@@ -221,14 +222,18 @@ def write_experiment(path: Path, overrides: Sequence[str], loader, config_name: 
         text = experiment_text(overrides, lambda key: bool(loader.get_group_options(key)), comments)
     except ValueError as error:
         return str(error)
+    made = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
+    # (the search path joins the loader's for good: harmless, the tuning's last composition)
+    search_path = f"hydra.searchpath=['file://{path.parent.parent.resolve()}']"
     try:
-        same = composed([f"hydra.searchpath=[file://{path.parent.parent.resolve()}]", f"experiment={path.stem}"])
-        if same == composed(overrides):
+        if composed([search_path, f"experiment={path.stem}"]) == composed(overrides):
             return ""
         reason = "it composes to a config other than the overrides'"
     except (HydraException, OmegaConfBaseException) as error:
         reason = f"it does not compose: {str(error).splitlines()[0]}"
     path.unlink()
+    if made:
+        path.parent.rmdir()
     return reason

@@ -92,7 +92,8 @@ class ParentRun:
         """Log more files and tags onto the run (a search's results, after its last batch); a file in a
         folder below `root` keeps that folder in the run's artifacts."""
         for path in files:
-            folder = str(path.parent.relative_to(root)) if root is not None and path.parent != root else None
+            below = root is not None and path.parent != root and path.parent.is_relative_to(root)
+            folder = str(path.parent.relative_to(root)) if below else None
             with guarded(self.uri, f"log {path.name}"):
                 self.client.log_artifact(self.run_id, str(path), folder)
         for key, value in tags.items():

@@ -132,7 +132,7 @@ def test_the_payoff_says_whether_the_side_by_side_runs_reproduce_the_tunings_cla
     start = runs([1000, 1100, 900], 1.0)
     assert reproduced(claimed, {"tune": runs([4000, 4620, 3690], 0.99), "start": start}) == (
         "reproduced: re-measured tune / start ×4.10, the tuning's ×4.1 (95 % CI ×3.5–×4.7): within its interval; "
-        "val_accuracy (median) tune 0.990, start 1.000: within 0.03 below"
+        "val_accuracy (median) tune 0.990, start 1.000: not 0.03 below"
     )
     line = reproduced(claimed, {"tune": runs([2000, 2200, 1800], 0.95), "start": start})
     assert "×2.00, the tuning's ×4.1 (95 % CI ×3.5–×4.7): outside its interval" in line
@@ -141,3 +141,15 @@ def test_the_payoff_says_whether_the_side_by_side_runs_reproduce_the_tunings_cla
         "tuned: the start as given, no change run, 2 runs, 3 min", {"tune": start, "start": start}
     )
     assert kept_nothing.startswith("reproduced: the tuning kept no change, the same configuration re-measured: 1.00")
+    assert "within noise of 1; val_accuracy" in kept_nothing
+    # ×4.74 where the line reads ×4.7, rounded from up to ×4.75: within; ×4.80 is outside
+    at_the_edge = reproduced(claimed, {"tune": runs([4740, 5214, 4266], 1.0), "start": start})
+    assert "×4.74, the tuning's ×4.1 (95 % CI ×3.5–×4.7): within its interval" in at_the_edge
+    assert "×4.80, the tuning's ×4.1 (95 % CI ×3.5–×4.7): outside" in reproduced(
+        claimed, {"tune": runs([4800, 5280, 4320], 1.0), "start": start}
+    )
+    nothing = "tuned: nothing measured to compare, 2 runs, 1 min"
+    assert (
+        reproduced(nothing, {"tune": start, "start": start})
+        == f"reproduced: nothing to compare (the tuning's line: {nothing})"
+    )

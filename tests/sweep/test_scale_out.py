@@ -2,11 +2,14 @@
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 from conftest import compose_config, mlflow_server, run_bwopt
 from hydra.core.plugins import Plugins
+
+from bwopt.app import config_dir
 
 TINY = ["train.epochs=1", "train.warmup_steps=2", "train.steps_per_epoch=6", "measure.memcpy_bandwidth=false"]
 PLUGINS = {"slurm": "hydra_plugins.hydra_submitit_launcher", "ray": "hydra_plugins.hydra_ray_launcher"}
@@ -21,7 +24,11 @@ SERVER_START_TIMEOUT_S = 90
         ("ray", "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"),
     ],
 )
-def test_scale_out_launchers_compose_without_their_plugins(tmp_path, launcher, target):
+def test_scale_out_launcher_presets_are_self_contained_and_compose(tmp_path, launcher, target):
+    """No defaults entry on the plugin's own config, so composing needs nothing the plugin brings
+    (the plugins are test dependencies: this is how a machine without them composes the preset)."""
+    preset = yaml.safe_load((Path(config_dir()) / "hydra" / "launcher" / f"{launcher}.yaml").read_text())
+    assert "defaults" not in preset and preset["_target_"] == target
     arguments = [f"hydra/launcher={launcher}", "--cfg", "hydra", "--resolve"]
     result = run_bwopt(*arguments, cwd=tmp_path, timeout=60, env={"RAY_ADDRESS": "10.0.0.5:6379"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -44,8 +51,6 @@ def test_scale_out_launchers_instantiate_where_their_plugin_is_installed(launche
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
-
-    from bwopt.app import config_dir
 
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         hydra = GlobalHydra.instance().hydra

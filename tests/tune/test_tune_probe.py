@@ -87,3 +87,25 @@ def test_images_decoded_whole_are_probed_with_the_decoding_apart_and_tune_caches
     decode = proposals["decode whole"]
     assert decode.overrides == {"pipeline.fused_decode_crop": "false", "pipeline.cache": "memory"}
     assert "stages up to map (decode) are deterministic" in decode.reason
+
+
+def test_uint8_carries_the_features_exactly_only_for_integers_within_a_byte():
+    """The probe's finding that lets *transfer uint8* in, on the bundled sources and on arrays
+    outside it: integers within [0, 255] as stored, never floats or wider values."""
+    from bwopt.data.sources import ArraySource, load_source
+    from bwopt.inputs import plan as input_plan
+    from bwopt.sweep.tune_probe import exact_in_uint8
+
+    def exact(overrides=(), features=None) -> bool:
+        config = validate(compose_config(overrides))
+        source = load_source(config.data, config.seed, config.split.validation_fraction)
+        if features is not None:
+            source = ArraySource(features, source.labels[: len(features)], source.num_classes, 1.0)
+        return exact_in_uint8(input_plan(config, source), source)
+
+    labels = 1797  # digits' examples
+    assert exact(["data=digits"]) and exact(["data=synthetic"])  # uint8 arrays, 0-16 and 0-255
+    assert not exact(["data=artificial", "split=uniform", "train.warmup_steps=1"])  # float32, read from files
+    assert not exact(["data=digits"], np.full((labels, 64), 0.5, np.float32))
+    assert not exact(["data=digits"], np.full((labels, 64), 300, np.int16))
+    assert exact(["data=digits"], np.full((labels, 64), 255, np.int16))  # integers in a byte, stored wider
