@@ -1,4 +1,4 @@
-"""bwopt's Hydra plugins (`hydra/launcher=bwopt`, `hydra/sweeper=bwopt_optuna`, `hydra/sweeper=bwopt_tuner`),
+"""bwopt's Hydra plugins (`hydra/launcher=bwopt`, `hydra/sweeper=bwopt_basic`, `bwopt_optuna`, `bwopt_tuner`),
 registered in code.
 
 Hydra finds plugins by listing the folders of the `hydra_plugins` namespace package (pkgutil) and
@@ -18,13 +18,14 @@ import importlib
 
 PLUGINS = (
     ("hydra_plugins.bwopt_launcher.bwopt_launcher", "BwoptLauncher"),
+    ("hydra_plugins.bwopt_basic_sweeper.bwopt_basic_sweeper", "BwoptBasicSweeper"),
     ("hydra_plugins.bwopt_sweeper.bwopt_sweeper", "BwoptSweeper"),
     ("hydra_plugins.bwopt_tuner.bwopt_tuner", "BwoptTuner"),
 )
 
 
 def register_plugins() -> None:
-    """Register bwopt's launcher and sweeper with Hydra; importing their modules stores their configs.
+    """Register bwopt's launcher and sweepers with Hydra; importing their modules stores their configs.
 
     Hydra's scan runs first (once, as Plugins.instance() is created) and may import a module afresh:
     the class taken from the module after it is the one the scan found, so registering it again

@@ -197,21 +197,10 @@ class ProcessPerJobLauncher(Launcher):
         """Validate every job's config (bwopt's schema, no TensorFlow) before the first one starts, and
         report every bad one at once: a bad value must not cancel a sweep half-way, or be found only
         after other jobs trained. Only for bwopt's own task (tests launch tasks of their own)."""
-        from bwopt.sweep.sweeper import refusal, runs_bwopt
+        from bwopt.sweep.sweeper import exit_if_refused, refusal, runs_bwopt
 
-        if not runs_bwopt(self.task_function):
-            return
-        bad = []
-        for job in jobs:
-            if job.repeat:
-                continue  # the same overrides as in the first round
-            why = refusal(job.config)
-            if why is not None:
-                bad.append(f"  job {job.num} ({' '.join(job.overrides) or 'no overrides'}): {why}")
-        if bad:
-            print(f"bwopt: invalid config in {len(bad)} of the sweep's jobs; none was started:", file=sys.stderr)
-            print("\n".join(bad), file=sys.stderr, flush=True)
-            sys.exit(2)
+        if runs_bwopt(self.task_function):  # the repeats have the first round's overrides
+            exit_if_refused([(job.num, job.overrides, refusal(job.config)) for job in jobs if not job.repeat])
 
     def _run_all(self, jobs: List[Job], sweep_dir: Path, returns: Dict[int, JobReturn]) -> None:
         """Start jobs in order, at most max_parallel at a time; on Ctrl-C or SIGTERM stop them and re-raise."""

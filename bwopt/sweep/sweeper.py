@@ -1,33 +1,42 @@
-"""What bwopt's sweepers (the search, bwopt.sweep.search; the tuner, bwopt.sweep.tune) and its launcher
-share: the set-up, the parent run under another launcher, and the schema's check of a job's config
-before it is launched."""
+"""What bwopt's sweepers (a plain sweep's, bwopt.sweep.plain; the search, bwopt.sweep.search; the
+tuner, bwopt.sweep.tune) and its launcher share: the set-up, what a sweep keeps under another
+launcher (the parent run, the report, failures in one line), and the schema's check of a job's
+config before it is launched."""
 
 import copy
+import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from hydra.core.plugins import Plugins
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bwopt.schema import SweepConfig
+from bwopt.sweep.job import JobCrashed, per_override_set, shown
 
 log = logging.getLogger(__name__)
 
 
 def prepare_sweep(
-    config: DictConfig, hydra_context: HydraContext, task_function: TaskFunction, parent_name: str
+    config: DictConfig,
+    hydra_context: HydraContext,
+    task_function: TaskFunction,
+    parent_name: Optional[str],
+    check_jobs: bool = False,
 ) -> Tuple[float, Any]:
     """(`sweep.accuracy_tolerance`, the configured launcher) for a sweeper's `setup`.
 
     Fixes `hydra.sweep.dir` once, so every batch of trials lands in one folder whatever the clock
     says later, and names the MLflow parent run when the launcher is bwopt's (one parent run for
-    the whole sweep); another launcher (submitit's for SLURM, Ray's) comes wrapped in
-    `ParentBeside` with tracking=mlflow, for the same parent run.
+    the whole sweep; None: named from the swept values); another launcher (submitit's for SLURM,
+    Ray's) comes wrapped in `ParentBeside`, for the same parent run (tracking=mlflow), report and
+    failure lines, and with `check_jobs` every job's config checked before any starts.
     """
     tolerance = OmegaConf.select(config, "sweep.accuracy_tolerance")
     tolerance = SweepConfig().accuracy_tolerance if tolerance is None else float(tolerance)
@@ -38,54 +47,110 @@ def prepare_sweep(
     )
     if hasattr(launcher, "parent_name"):
         launcher.parent_name = parent_name
-    elif OmegaConf.select(config, "tracking.name") == "mlflow":
-        launcher = ParentBeside(launcher, config.tracking, parent_name, Path(config.hydra.sweep.dir))
-    return tolerance, launcher
+        return tolerance, launcher
+    tracking = config.tracking if OmegaConf.select(config, "tracking.name") == "mlflow" else None
+    check = None
+    if check_jobs and runs_bwopt(task_function):
+        check = lambda overrides: refusal_of(hydra_context, config, overrides)  # noqa: E731
+    return tolerance, ParentBeside(launcher, tracking, parent_name, Path(config.hydra.sweep.dir), check)
 
 
 class ParentBeside:
-    """Another launcher's jobs as children of one MLflow parent run, with the sweep report, as
-    bwopt's launcher keeps its own.
+    """Another launcher's sweep with what bwopt's launcher adds to its own: one MLflow parent run,
+    the sweep report, failed jobs in one line each, and (with `check`) every job's config checked
+    before the first one starts.
 
-    The run starts with the first launch, named like bwopt's ('tune pipeline · 2026-12-06 22:40:01');
-    its id reaches the jobs as BWOPT_PARENT_RUN_ID (bwopt.tracking.PARENT_RUN_ENV) in the
+    The parent run (tracking=mlflow, else none) starts with the first launch, named like bwopt's
+    ('tune pipeline · 2026-12-06 22:40:01', or from the swept values: 'sweep pipeline.prefetch=0,2 ·
+    …'); its id reaches the jobs as BWOPT_PARENT_RUN_ID (bwopt.tracking.PARENT_RUN_ENV) in the
     environment they inherit, which makes each job's run its child: submitit's local processes and
     sbatch's jobs (SLURM exports the submitting environment unless told otherwise) and the workers
     of a Ray cluster the launcher starts inherit it; a remote Ray cluster's do not, so their runs
-    stay apart. Like bwopt's launcher it writes the report and ends
-    the run after every launch (`finish_sweep`), and resumes it for the next; the sweeper then
-    annotates it (`parent`) as it does the launcher's.
+    stay apart. Like bwopt's launcher it writes the report and ends the run after every launch
+    (`finish_sweep`), and resumes it for the next; the sweeper then annotates it (`parent`) as it
+    does the launcher's.
+
+    A job fails two ways under another launcher: it raises (Hydra's `run_job` returns the error) or
+    its process exits non-zero, as bwopt's does on bad data, and then the launcher raises (Ray's
+    `WorkerCrashedError`, submitit's `FailedJobError`) and hands back no job of the batch. Either
+    way each job of the batch comes back: a job that wrote its `summary.json` as completed, with its
+    throughput, the others as failed (`FailedJobReturn`), so a plain sweep ends with one line naming
+    the first failure and exit code 1, as under bwopt's launcher, and the tuner and the search go on.
     """
 
-    def __init__(self, launcher, tracking, name: str, sweep_dir: Path) -> None:
+    def __init__(self, launcher, tracking, name: Optional[str], sweep_dir: Path, check=None) -> None:
         self.launcher, self.tracking, self.name, self.sweep_dir = launcher, tracking, name, sweep_dir
+        self.check = check  # overrides -> why bwopt's schema refuses that job, or None
         self.parent = None  # bwopt.tracking.ParentRun, from the first launch
         self.log_ranking = True  # the report's ranking sentence in the log (the tuner turns it off)
+        # the keys the jobs' runs are named by: set by a sweeper (the searched keys); else those that vary in a batch
+        self.swept_keys: Optional[List[str]] = None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from bwopt.sweep.parent import sweep_name, varied_keys
         from bwopt.tracking import PARENT_RUN_ENV, ParentRun
+        from bwopt.tracking.names import SWEPT_KEYS_ENV
 
-        if self.parent is None:
-            self.parent = ParentRun.start(self.tracking, self.name, self.sweep_dir)
-        else:
+        numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
+        if self.check is not None:
+            exit_if_refused([(num, overrides, self.check(overrides)) for num, overrides in zip(numbers, job_overrides)])
+        if self.tracking is not None and self.parent is None:
+            name = self.name or sweep_name(job_overrides)
+            self.parent = ParentRun.start(self.tracking, name, self.sweep_dir)
+        elif self.parent is not None:
             self.parent.resume()
-        previous = os.environ.get(PARENT_RUN_ENV)
+        named_by = self.swept_keys if self.swept_keys is not None else varied_keys(job_overrides)
+        environment = {SWEPT_KEYS_ENV: json.dumps(named_by)}
         if self.parent is not None:
-            os.environ[PARENT_RUN_ENV] = self.parent.run_id
+            environment[PARENT_RUN_ENV] = self.parent.run_id
+        previous = {key: os.environ.get(key) for key in environment}
+        os.environ.update(environment)
         status = "KILLED"
         try:
-            returns = self.launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+            try:
+                returns = list(self.launcher.launch(job_overrides, initial_job_idx=initial_job_idx))
+            except HydraException:  # Hydra's own (a job that does not compose): no job ran
+                status = "FAILED"
+                raise
+            except Exception as error:  # a job's process that exited non-zero, as the launcher tells it
+                log.debug("the launcher raised", exc_info=True)
+                returns = [self._read_back(num, overrides, error) for num, overrides in zip(numbers, job_overrides)]
             status = "FINISHED"
-            return returns
-        except Exception:
-            status = "FAILED"
-            raise
+            return per_override_set([[num] for num in numbers], dict(zip(numbers, returns)), self.sweep_dir)
         finally:
-            if previous is None:
-                os.environ.pop(PARENT_RUN_ENV, None)
-            else:
-                os.environ[PARENT_RUN_ENV] = previous
+            for key, value in previous.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
             finish_sweep(self.sweep_dir, self.parent, status, self.log_ranking)
+
+    def _read_back(self, num: int, overrides: Sequence[str], error: Exception) -> JobReturn:
+        """Job `num`'s return from its folder, after the launcher raised instead of returning the batch."""
+        from bwopt.summary import Summary
+
+        summary = self.sweep_dir / str(num) / "summary.json"
+        if summary.is_file():
+            objective = Summary.from_dict(json.loads(summary.read_text())).objective
+            return JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED, _return_value=objective)
+        # submitit's error holds the job's stderr, and bwopt's own line where the job printed one
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [""]
+        said = next((line for line in reversed(lines) if line.startswith("bwopt: ")), lines[0])
+        # the launcher's error need not be this job's (Ray's and submitit's raise at the first job that failed)
+        raised = f"{type(self.launcher).__name__} raised {type(error).__name__}: {said}"
+        crashed = JobCrashed(f"job #{num} ({shown(overrides)}) left no result; {raised}")
+        return JobReturn(overrides=list(overrides), status=JobStatus.FAILED, _return_value=crashed)
+
+
+def exit_if_refused(jobs: Sequence[Tuple[int, Sequence[str], Optional[str]]]) -> None:
+    """(number, overrides, why bwopt's schema refuses its config or None) of every job of a sweep:
+    every refused one named at once, and exit code 2, before any job starts: a bad value must not
+    cancel a sweep half-way, or be found only after other jobs trained."""
+    bad = [f"  job {num} ({' '.join(overrides) or 'no overrides'}): {why}" for num, overrides, why in jobs if why]
+    if bad:
+        print(f"bwopt: invalid config in {len(bad)} of the sweep's jobs; none was started:", file=sys.stderr)
+        print("\n".join(bad), file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def finish_sweep(sweep_dir: Path, parent, status: str, log_ranking: bool) -> None:

@@ -1,5 +1,6 @@
-"""A sweeper's parent run under another launcher (bwopt.sweep.sweeper.ParentBeside), on Hydra's own
-in-process launcher (`hydra/launcher=basic`) and task functions that crash as asked (no TensorFlow)."""
+"""A sweep under another launcher (bwopt.sweep.sweeper.ParentBeside): its parent run, report, failure
+lines and config check, on Hydra's own in-process launcher (`hydra/launcher=basic`) and task functions
+that crash as asked (no TensorFlow; tests/sweep/test_scale_out.py runs real jobs through submitit's)."""
 
 import json
 import os
@@ -14,19 +15,19 @@ from hydra.errors import ConfigCompositionException
 from hydra.types import HydraContext, RunMode
 from mlflow import MlflowClient
 
-from bwopt.app import config_dir
+from bwopt.app import config_dir, run_job
 from bwopt.sweep.sweeper import ParentBeside, prepare_sweep
 from bwopt.tracking import PARENT_RUN_ENV
 
 
-def basic_launcher(sweep_dir, *overrides):
+def basic_launcher(sweep_dir, *overrides, task=sweep_tasks.crash, parent_name="tune pipeline", check_jobs=False):
     """Hydra's basic launcher for the real conf/, as a sweeper gets it from `prepare_sweep`."""
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         hydra = GlobalHydra.instance().hydra
         arguments = ["hydra/launcher=basic", f"hydra.sweep.dir={sweep_dir}", *overrides]
         config = hydra.compose_config("config", arguments, run_mode=RunMode.MULTIRUN)
         context = HydraContext(config_loader=hydra.config_loader, callbacks=Callbacks(config))
-        return prepare_sweep(config, context, sweep_tasks.crash, parent_name="tune pipeline")[1]
+        return prepare_sweep(config, context, task, parent_name=parent_name, check_jobs=check_jobs)[1]
 
 
 def parent_of(mlflow_uri, experiment):
@@ -57,7 +58,39 @@ def test_the_parent_run_fails_when_every_job_failed_and_no_parent_without_mlflow
     assert result.status is JobStatus.FAILED
     _, parent = parent_of(mlflow_uri, "beside_failed")
     assert parent.info.status == "FAILED" and parent.data.tags["bwopt.end_reason"] == "every job failed"
-    assert not isinstance(basic_launcher(tmp_path / "other", "tracking=none"), ParentBeside)
+    untracked = basic_launcher(tmp_path / "other", "tracking=none")
+    (result,) = untracked.launch([["+crash=none", "+throughput=100"]], initial_job_idx=0)
+    assert result.status is JobStatus.COMPLETED and untracked.parent is None  # no parent run, the report all the same
+    assert "1 job" in (tmp_path / "other" / "report.md").read_text()
+
+
+def test_a_failed_job_is_one_line_and_exit_code_1_when_a_plain_sweep_reads_it(tmp_path, capsys):
+    """As under bwopt's launcher: Hydra's basic sweeper reads each result's `return_value`, which for
+    a failed job prints one line naming it, and the sweep exits 1 instead of raising its error."""
+    launcher = basic_launcher(tmp_path / "sweep", "tracking=none", parent_name=None)
+    good, bad = launcher.launch([["+crash=none", "+throughput=100"], ["+crash=exception"]], initial_job_idx=0)
+    assert good.return_value == 100 and bad.status is JobStatus.FAILED
+    with pytest.raises(SystemExit) as ended:
+        bad.return_value
+    assert ended.value.code == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("bwopt: sweep failed: job #1 (+crash=exception) failed: ValueError: a bad value for")
+    assert "1 of 2 job(s) failed" in line and "Traceback" not in line
+
+
+def test_a_plain_sweep_refuses_every_bad_job_before_any_starts(tmp_path, capsys):
+    """With bwopt's own task, `check_jobs` (the plain sweeper's) validates every job's config first."""
+    launcher = basic_launcher(tmp_path / "sweep", "tracking=none", task=run_job, parent_name=None, check_jobs=True)
+    with pytest.raises(SystemExit) as ended:
+        jobs = [["pipeline.prefetch=2"], ["pipeline.prefetch=-3"], ["train.optimizer=sgdx"]]
+        launcher.launch(jobs, initial_job_idx=0)
+    assert ended.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "bwopt: invalid config in 2 of the sweep's jobs; none was started:"
+    assert lines[1].startswith("  job 1 (pipeline.prefetch=-3): pipeline.prefetch=-3 is out of range")
+    expected = "train.optimizer='sgdx' is not allowed; expected one of: adam, sgd, rmsprop"
+    assert lines[2] == f"  job 2 (train.optimizer=sgdx): {expected}"
+    assert not (tmp_path / "sweep").exists() or not list((tmp_path / "sweep").iterdir())
 
 
 def test_a_launch_that_raises_ends_the_parent_run_failed(tmp_path, mlflow_uri):

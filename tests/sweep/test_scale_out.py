@@ -2,11 +2,12 @@
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import compose_config, mlflow_server, run_bwopt
+from conftest import REPO, compose_config, mlflow_server, run_bwopt
 from hydra.core.plugins import Plugins
 
 from bwopt.app import config_dir
@@ -102,12 +103,12 @@ TUNE_WORKLOAD = [
 ONE_RUN_A_TRIAL = ["hydra.sweeper.repeats=1", "hydra.sweeper.rerun_incumbent=false", "hydra.sweeper.extra_rounds=0"]
 
 
-def two_trials(launcher, work):
+def two_trials(launcher, work, env=None):
     """`tune=pipeline` through `launcher` (its overrides) in `work`: the start and one proposal, one
     run each, in job folders 0 and 1 of `work`/tuning; (the sweep folder, the closing line)."""
     tuning = run_bwopt(
         "-m", "tune=pipeline", *launcher, *TUNE_WORKLOAD, "hydra.sweeper.max_trials=2", *ONE_RUN_A_TRIAL,
-        "hydra.sweep.dir=tuning", cwd=work, timeout=400,
+        "hydra.sweep.dir=tuning", cwd=work, timeout=400, env=env,
     )  # fmt: skip
     assert tuning.returncode == 0, tuning.stderr[-3000:]
     sweep = work / "tuning"
@@ -170,18 +171,89 @@ def parent_with_its_jobs(work, name: str, folder, sweep_file: str):
     return parent
 
 
+# A local Ray cluster started by the launcher, without its dashboard. Ray 2.60 takes a node address of
+# 127.0.0.1 for the machine's outward one and listens on every interface; its single-machine switch
+# makes the node's address loopback, so every server it starts listens on 127.0.0.1 only.
+RAY_LOCAL = ["hydra/launcher=ray", "+hydra.launcher.ray.init.include_dashboard=false"]
+RAY_ON_LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 @pytest.mark.slow
 def test_tune_runs_its_trials_as_ray_tasks_on_a_local_cluster(tmp_path):
     """The Ray launcher's plugin (among the test dependencies, as in `.[ray]`): a local cluster it
-    starts on 127.0.0.1 without its dashboard, each trial a Ray task in a worker process that
+    starts on loopback without its dashboard, each trial a Ray task in a worker process that
     inherits the launching process's environment, so the parent run's id reaches every job."""
     if importlib.util.find_spec(PLUGINS["ray"]) is None:
         pytest.skip(f"{PLUGINS['ray']} is not installed (pip install -e '.[ray]')")
-    local = [
-        "hydra/launcher=ray",
-        "+hydra.launcher.ray.init._node_ip_address=127.0.0.1",
-        "+hydra.launcher.ray.init.include_dashboard=false",
-    ]
-    sweep, closing = two_trials(local, tmp_path)
+    sweep, closing = two_trials(RAY_LOCAL, tmp_path, env=RAY_ON_LOOPBACK)
     tune = parent_with_its_jobs(tmp_path, "tune", sweep, "tune.md")
     assert f"**{closing}**" in tune.data.tags["mlflow.note.content"]
+
+
+# The user's own data function: numbers, or strings that bwopt refuses once it reads the data (exit 2).
+USER_SOURCE = """
+import numpy as np
+
+def examples(kind):
+    import tensorflow as tf
+
+    values = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    features = values if kind == "numbers" else np.array([str(value) for value in values[:, 0]])
+    return tf.data.Dataset.from_tensor_slices((features, (values[:, 0] > 0).astype("int64")))
+"""
+
+
+def plain_sweep_with_a_bad_job(launcher, work, env=None) -> str:
+    """`python -m bwopt -m` through `launcher` (its overrides) in `work`, over the user's data function:
+    job 0 numbers, job 1 strings (bwopt exits 2 on them); checks it ends in one line, exit code 1, no
+    traceback, and returns that line."""
+    (work / "user_source.py").write_text(USER_SOURCE)
+    result = run_bwopt(
+        "-m", *launcher, "hydra.sweep.dir=sweep",
+        *["data=custom", "data._target_=user_source.examples", "data.num_classes=2", "split=uniform"],
+        "+data.kwargs.kind=numbers,strings", "train.epochs=3", "train.warmup_steps=1", "measure.memcpy_bandwidth=false",
+        cwd=work, timeout=300, env={"PYTHONPATH": os.pathsep.join([str(REPO), str(work)]), **(env or {})},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("bwopt: sweep failed:")]
+    assert line.startswith("bwopt: sweep failed: job #1 (data=custom ") and "kind=strings" in line.split(")")[0]
+    assert (work / "sweep" / "0" / "summary.json").is_file() and (work / "sweep" / "report.md").is_file()
+    return line
+
+
+@pytest.mark.slow
+def test_a_plain_sweep_under_submitit_keeps_its_parent_run_and_report_and_ends_in_one_line(tmp_path):
+    """A plain sweep (bwopt's basic sweeper) through submitit's local executor, one job of which
+    exits 2 on bad data: submitit raises for it and hands back no job of the batch; the sweep reads
+    the finished job back from its folder, names the failed one in one line, exits 1, and keeps
+    its report and its parent run with the finished job as its child."""
+    if importlib.util.find_spec(PLUGINS["slurm"]) is None:
+        pytest.skip(f"{PLUGINS['slurm']} is not installed (pip install -e '.[slurm]')")
+    line = plain_sweep_with_a_bad_job(["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"], tmp_path)
+    assert "left no result; LocalLauncher raised UncompletedJobError: bwopt: bad data: " in line
+    assert "yields features of type string" in line and "1 of 2 job(s) failed" in line
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name("bwopt").experiment_id
+    (parent,) = client.search_runs([experiment_id], "attributes.run_name LIKE 'sweep +data.kwargs.kind=%'")
+    assert parent.info.run_name.startswith("sweep +data.kwargs.kind=numbers,strings · ")
+    assert parent.info.status == "FINISHED"  # one job finished: the sweep measured something
+    assert "report.md" in {item.path for item in client.list_artifacts(parent.info.run_id)}
+    (child,) = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert child.info.run_name == "+data.kwargs.kind=numbers" and child.info.status == "FINISHED"
+    summary = json.loads((tmp_path / "sweep" / "0" / "summary.json").read_text())
+    assert summary["run_id"] == child.info.run_id
+    assert "+data.kwargs.kind=strings" in (tmp_path / "sweep" / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_plain_sweep_of_ray_tasks_ends_in_one_line_when_a_job_exits(tmp_path):
+    """A plain sweep as Ray tasks, a job of which exits 2 on bad data: Ray raises WorkerCrashedError
+    for it, and the sweep ends in one line and its report, not in Ray's traceback."""
+    if importlib.util.find_spec(PLUGINS["ray"]) is None:
+        pytest.skip(f"{PLUGINS['ray']} is not installed (pip install -e '.[ray]')")
+    line = plain_sweep_with_a_bad_job(RAY_LOCAL, tmp_path, env=RAY_ON_LOOPBACK)
+    assert "left no result; RayLauncher raised WorkerCrashedError: " in line
