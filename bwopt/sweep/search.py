@@ -81,7 +81,7 @@ from bwopt.sweep.space import (  # noqa: F401 (distribution: part of this module
     search_space,
     trial_overrides,
 )
-from bwopt.sweep.sweeper import prepare_sweep, refusal_of, runs_bwopt
+from bwopt.sweep.sweeper import SweepFailed, prepare_sweep, refusal_of, runs_bwopt
 
 log = logging.getLogger(__name__)
 
@@ -391,7 +391,8 @@ class OptunaSearch(Sweeper):
             if comparison:
                 parent.lead_description(comparison["sentence"])
         if not best:  # a search that measured nothing is an error (exit code 1), not an answer
-            raise RuntimeError(
-                f"no trial of study '{settings.study_name}' finished; see the sweep report next to {path}"
+            raise SweepFailed(
+                f"bwopt: search failed: no trial of study '{settings.study_name}' finished; each failed job's "
+                f"line above says why; see the sweep report next to {path}"
             )
         return results

@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.errors import HydraException
+from hydra.errors import CompactHydraException, HydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -21,6 +21,11 @@ from bwopt.schema import SweepConfig
 from bwopt.sweep.job import JobCrashed, per_override_set, shown
 
 log = logging.getLogger(__name__)
+
+
+class SweepFailed(CompactHydraException):
+    """A sweep that measured nothing to answer with (the tuner's start, or every trial of a search,
+    left no result): Hydra prints its message alone, one line with no traceback, and exits 1."""
 
 
 def prepare_sweep(

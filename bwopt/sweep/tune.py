@@ -48,7 +48,7 @@ from bwopt.measure.host import available_cores
 from bwopt.measure.uncertainty import sequential_level
 from bwopt.memory import available_memory_bytes
 from bwopt.schema import SweepConfig
-from bwopt.sweep.sweeper import prepare_sweep
+from bwopt.sweep.sweeper import SweepFailed, prepare_sweep
 from bwopt.sweep.tune_decide import Budget
 from bwopt.sweep.tune_plan import OPT_IN_NAMES, busy_cores_reason, plan
 from bwopt.sweep.tune_plot import plot_path
@@ -150,7 +150,11 @@ class PipelineTuner(Sweeper):
         budget = Budget(budget.cores, budget.memory_bytes * self.settings.memory_share)
         start = self._run(base, Trial(0, "start", "the workload as given", {}))
         if start.failed:
-            raise RuntimeError(f"the start trial failed; see {', '.join(map(str, start.folders))}")
+            raise SweepFailed(
+                f"bwopt: tune failed: the start (the workload as given) left no result in "
+                f"{', '.join(map(str, start.folders))}; each failed job's line above says why; see "
+                f"{self.sweep_dir / 'report.md'}"
+            )
         start.kept = True
         incumbent = start
         next_proposal = self._planner(base, start, budget)

@@ -11,6 +11,7 @@ from typing import Dict, List
 import pytest
 
 from bwopt.measure.uncertainty import sequential_level
+from bwopt.sweep.sweeper import SweepFailed
 from bwopt.sweep.tune_decide import Proposal
 from bwopt.sweep.tune_plan import OPT_IN_NAMES
 from bwopt.sweep.tune_record import Trial, against, drift_spread, run_to_run_spread
@@ -238,3 +239,22 @@ def test_a_start_whose_step_holds_every_core_runs_no_overlap_and_says_no_change_
     assert text.startswith("**tuned: the start as given, no change run, 0.96 of the cores ceiling, 1 run, ")
     assert "Not tried: prefetch (every core busy: trial 0 runs at 0.96 of its cores ceiling (286 examples/s, " in text
     assert "1.69 cores busy, 1.92 held by training with the step's idle share)" in text
+
+
+class SilentLauncher:
+    """A launcher whose jobs leave nothing behind, as jobs that exited before their summary do."""
+
+    def launch(self, job_overrides, initial_job_idx: int):
+        return []
+
+
+def test_a_start_that_left_no_result_ends_the_tuning_in_one_line(tmp_path):
+    tuner = BwoptTuner()
+    tuner.sweep_dir = tmp_path
+    tuner.launcher = SilentLauncher()
+    with pytest.raises(SweepFailed) as failed:  # Hydra prints its message alone and exits 1
+        tuner.sweep(["experiment=pipelines"])
+    assert str(failed.value) == (
+        f"bwopt: tune failed: the start (the workload as given) left no result in {tmp_path / '0'}, "
+        f"{tmp_path / '1'}; each failed job's line above says why; see {tmp_path / 'report.md'}"
+    )
