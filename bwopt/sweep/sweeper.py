@@ -77,7 +77,7 @@ class ParentBeside:
 
     A job fails two ways under another launcher: it raises (Hydra's `run_job` returns the error) or
     its process exits non-zero, as bwopt's does on bad data, and then the launcher raises (Ray's
-    `WorkerCrashedError`, submitit's `FailedJobError`) and hands back no job of the batch. Either
+    `WorkerCrashedError`, submitit's `UncompletedJobError`) and hands back no job of the batch. Either
     way each job of the batch comes back: a job that wrote its `summary.json` as completed, with its
     throughput, the others as failed (`FailedJobReturn`), so a plain sweep ends with one line naming
     the first failure and exit code 1, as under bwopt's launcher, and the tuner and the search go on.
