@@ -30,7 +30,7 @@ of the start's.
 
 Run: `.venv/bin/python benchmarks/tune_payoff.py [--workload pipelines|imagenet_like] [--search N]
 [--rounds K] [--allow CHANGE ...]` (`--allow decode`: tune's `hydra.sweeper.allow=[decode]`;
-pipelines: about 8 min on 2 cores; imagenet_like: about 20 min).
+pipelines: about 10 min on 2 cores; imagenet_like: about 15 min).
 `BWOPT_BENCHMARK_SMOKE=1` runs a one-trial tuning of a shrunk workload and one round (the smoke test).
 """
 
