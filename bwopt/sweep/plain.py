@@ -20,8 +20,8 @@ from bwopt.sweep.sweeper import prepare_sweep
 
 @dataclass
 class PlainSweeperConf:
-    """`hydra.sweeper.*` when `hydra/sweeper=bwopt_basic` (conf/config.yaml's default): Hydra's
-    basic sweeper's settings."""
+    """`hydra.sweeper.*` when `hydra/sweeper=bwopt_basic` (the default, from conf/plain_sweep.yaml):
+    Hydra's basic sweeper's settings."""
 
     _target_: str = "hydra_plugins.bwopt_basic_sweeper.bwopt_basic_sweeper.BwoptBasicSweeper"
     max_batch_size: Optional[int] = None

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import sweep_tasks
-from hydra import initialize_config_dir
+from hydra import compose, initialize_config_dir
 from hydra._internal.callbacks import Callbacks
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.utils import JobStatus
@@ -112,3 +112,21 @@ def test_a_stopped_sweep_ends_the_parent_run_killed_with_the_signal(tmp_path, ml
     _, parent = parent_of(mlflow_uri, "beside_stopped")
     assert parent.info.status == "KILLED" and parent.data.tags["bwopt.end_reason"] == "stopped by SIGTERM"
     assert PARENT_RUN_ENV not in os.environ
+
+
+@pytest.mark.parametrize(
+    "selection,sweeper",
+    [
+        ([], "BwoptBasicSweeper"),
+        (["experiment=pipelines"], "BwoptBasicSweeper"),
+        (["tune=pipeline"], "BwoptTuner"),
+        (["hparams_search=pipeline"], "BwoptSweeper"),
+        (["hydra/sweeper=basic"], "BasicSweeper"),
+    ],
+)
+def test_a_plain_sweep_takes_bwopts_basic_sweeper_and_a_tuning_or_search_its_own(selection, sweeper):
+    """conf/plain_sweep.yaml sits before experiment, hparams_search and tune in config.yaml's
+    defaults: of two overrides of hydra/sweeper the later entry's wins, the command line's first."""
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        config = compose(config_name="config", overrides=selection, return_hydra_config=True)
+    assert config.hydra.sweeper._target_.rsplit(".", 1)[1] == sweeper
