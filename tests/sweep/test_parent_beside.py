@@ -2,6 +2,8 @@
 lines and config check, on Hydra's own in-process launcher (`hydra/launcher=basic`) and task functions
 that crash as asked (no TensorFlow; tests/sweep/test_scale_out.py runs real jobs through submitit's)."""
 
+import contextlib
+import io
 import json
 import os
 
@@ -64,28 +66,31 @@ def test_the_parent_run_fails_when_every_job_failed_and_no_parent_without_mlflow
     assert "1 job" in (tmp_path / "other" / "report.md").read_text()
 
 
-def test_a_failed_job_is_one_line_and_exit_code_1_when_a_plain_sweep_reads_it(tmp_path, capsys):
+def test_a_failed_job_is_one_line_and_exit_code_1_when_a_plain_sweep_reads_it(tmp_path):
     """As under bwopt's launcher: Hydra's basic sweeper reads each result's `return_value`, which for
     a failed job prints one line naming it, and the sweep exits 1 instead of raising its error."""
     launcher = basic_launcher(tmp_path / "sweep", "tracking=none", parent_name=None)
     good, bad = launcher.launch([["+crash=none", "+throughput=100"], ["+crash=exception"]], initial_job_idx=0)
     assert good.return_value == 100 and bad.status is JobStatus.FAILED
-    with pytest.raises(SystemExit) as ended:
+    # not capsys: Hydra's job logging, set up in this process, would keep its stream past the test
+    said = io.StringIO()
+    with pytest.raises(SystemExit) as ended, contextlib.redirect_stderr(said):
         bad.return_value
     assert ended.value.code == 1
-    line = capsys.readouterr().err.strip()
+    line = said.getvalue().strip()
     assert line.startswith("bwopt: sweep failed: job #1 (+crash=exception) failed: ValueError: a bad value for")
     assert "1 of 2 job(s) failed" in line and "Traceback" not in line
 
 
-def test_a_plain_sweep_refuses_every_bad_job_before_any_starts(tmp_path, capsys):
+def test_a_plain_sweep_refuses_every_bad_job_before_any_starts(tmp_path):
     """With bwopt's own task, `check_jobs` (the plain sweeper's) validates every job's config first."""
     launcher = basic_launcher(tmp_path / "sweep", "tracking=none", task=run_job, parent_name=None, check_jobs=True)
-    with pytest.raises(SystemExit) as ended:
+    said = io.StringIO()
+    with pytest.raises(SystemExit) as ended, contextlib.redirect_stderr(said):
         jobs = [["pipeline.prefetch=2"], ["pipeline.prefetch=-3"], ["train.optimizer=sgdx"]]
         launcher.launch(jobs, initial_job_idx=0)
     assert ended.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
+    lines = said.getvalue().strip().splitlines()
     assert lines[0] == "bwopt: invalid config in 2 of the sweep's jobs; none was started:"
     assert lines[1].startswith("  job 1 (pipeline.prefetch=-3): pipeline.prefetch=-3 is out of range")
     expected = "train.optimizer='sgdx' is not allowed; expected one of: adam, sgd, rmsprop"
