@@ -68,16 +68,16 @@ ACCURACY_TOLERANCE = 0.03  # sweep.accuracy_tolerance's default
 CLAIMED_GAIN = re.compile(r"×([\d.]+) over the start \(95 % CI ×([\d.]+)–×([\d.]+)\)")
 
 
+def bwopt_process(arguments, cwd: Path) -> None:
+    """`python -m bwopt ARGUMENTS` in a fresh process in `cwd`, its own output left out."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-m", "bwopt", *arguments], cwd=cwd, check=True, stdout=subprocess.DEVNULL, env=env)
+
+
 def bwopt_sweep(arguments, folder: Path) -> float:
     """`python -m bwopt -m ARGUMENTS` with its sweep in `folder`; returns its wall time in seconds."""
     started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "bwopt", "-m", *arguments, "tracking=none", f"hydra.sweep.dir={folder}"],
-        cwd=folder.parent,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    bwopt_process(["-m", *arguments, "tracking=none", f"hydra.sweep.dir={folder}"], folder.parent)
     return time.perf_counter() - started
 
 
@@ -161,13 +161,7 @@ def fresh_run(overrides, folder: Path):
     from bwopt.summary import Summary
 
     folder.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "bwopt", *overrides, f"hydra.run.dir={folder}"],
-        cwd=folder.parent,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    bwopt_process([*overrides, f"hydra.run.dir={folder}"], folder.parent)
     summary = Summary.from_dict(json.loads((folder / "summary.json").read_text()))
     if summary.status != "FINISHED" or summary.figures is None:
         raise RuntimeError(f"bwopt run in {folder} ended {summary.status} with figures {summary.figures}")

@@ -4,6 +4,7 @@ launcher (the parent run, the report, failures in one line), and the schema's ch
 config before it is launched."""
 
 import copy
+import functools
 import json
 import logging
 import os
@@ -54,9 +55,7 @@ def prepare_sweep(
         launcher.parent_name = parent_name
         return tolerance, launcher
     tracking = config.tracking if OmegaConf.select(config, "tracking.name") == "mlflow" else None
-    check = None
-    if check_jobs and runs_bwopt(task_function):
-        check = lambda overrides: refusal_of(hydra_context, config, overrides)  # noqa: E731
+    check = functools.partial(refusal_of, hydra_context, config) if check_jobs and runs_bwopt(task_function) else None
     return tolerance, ParentBeside(launcher, tracking, parent_name, Path(config.hydra.sweep.dir), check)
 
 
