@@ -251,12 +251,6 @@ def drift_spread(trials: Sequence[Trial], within: Optional[Tuple[float, int]]) -
     return (math.sqrt(total / degrees), degrees) if degrees else None
 
 
-def block_weights(trial: Trial) -> Dict[int, float]:
-    """Block -> the share of the trial's finished runs in it (what each block's drift weighs in its mean)."""
-    blocks = trial.run_blocks or [trial.number]  # a trial read without repeats: its one figure
-    return {block: blocks.count(block) / len(blocks) for block in set(blocks)}
-
-
 def against(
     candidate: Trial,
     incumbent: Trial,
@@ -264,20 +258,52 @@ def against(
     drift: Optional[Tuple[float, int]] = None,
     level: float = CONFIDENCE,
 ) -> Comparison:
-    """candidate / incumbent with the ratio's interval at `level` (bwopt.measure.uncertainty): the mean
-    log throughput of every finished run of each, with each run's own interval and the run-to-run
-    spread `pooled` where repeats measured it; and the machine's `drift` between blocks where it
-    was measured (`drift_spread`): the two means draw on blocks in different shares, and each
-    block's drift enters the difference by the gap between its two shares, scaled by Student's t
-    for the drift's degrees of freedom. `level`: a sequential test's per-look level (tune's
+    """candidate / incumbent with the ratio's interval at `level` (bwopt.measure.uncertainty).
+
+    Without drift (`drift` None or 0): the mean log throughput of every finished run of each, with
+    each run's own interval and the run-to-run spread `pooled` where repeats measured it. With the
+    machine's drift between blocks measured (`drift_spread`) and a spread within blocks to set
+    against it: `drift_cancelled`. `level`: a sequential test's per-look level (tune's
     `extra_rounds`, bwopt.measure.uncertainty.sequential_level), 95 % otherwise."""
-    own, other = candidate.estimate(pooled, level), incumbent.estimate(pooled, level)
-    if drift is not None and drift[0] > 0:
-        mine, theirs = block_weights(candidate), block_weights(incumbent)
-        gaps = sum((mine.get(block, 0.0) - theirs.get(block, 0.0)) ** 2 for block in set(mine) | set(theirs))
-        error = drift[0] * math.sqrt(gaps) * t_over_z(drift[1], level)
-        other = (other[0], math.hypot(other[1], error))
-    return compare(own, other, level)
+    if drift is not None and drift[0] > 0 and pooled is not None and pooled[0] > 0:
+        return compare(drift_cancelled(candidate, incumbent, pooled, drift, level), (0.0, 0.0), level)
+    return compare(candidate.estimate(pooled, level), incumbent.estimate(pooled, level), level)
+
+
+def drift_cancelled(
+    candidate: Trial, incumbent: Trial, pooled: Tuple[float, int], drift: Tuple[float, int], level: float
+) -> Tuple[float, float]:
+    """(log of candidate / incumbent, its standard error) where blocks drift: generalised least squares
+    under one-way random block effects. Each run's log throughput is its setting's level, plus
+    its block's drift (standard deviation `drift`, shared by the block's runs), plus its own noise
+    (the larger of the spread within blocks `pooled` and its run's own interval). The weights
+    that minimise the difference's variance lean on the runs of both in the same blocks, where
+    the drift cancels, as far as the drift outweighs the spread, and on every run of each as far
+    as it does not; with no drift they are the two plain means. Both components are scaled by
+    Student's t over the normal quantile for their degrees of freedom, as `log_estimate` does,
+    before the weights are chosen, so the error is the minimum of a conservative variance."""
+    spread = pooled[0] * t_over_z(pooled[1], level)
+    between = drift[0] * t_over_z(drift[1], level)
+    logs, sides, blocks, noise = [], [], [], []
+    for side, trial in enumerate((candidate, incumbent)):
+        runs = trial.repeats or [(trial.throughput, trial.ci95)]
+        for (value, bounds), block in zip(runs, trial.run_blocks if trial.repeats else [trial.number]):
+            own = (
+                (math.log(bounds[1]) - math.log(bounds[0])) / (2 * Z_95)
+                if bounds and 0 < bounds[0] < bounds[1]
+                else 0.0
+            )
+            logs.append(math.log(value))
+            sides.append(side)
+            blocks.append(block)
+            noise.append(max(spread, own))
+    covariance = np.diag(np.square(noise)) + between**2 * np.equal.outer(blocks, blocks)
+    design = np.eye(2)[sides]
+    weighted = np.linalg.solve(covariance, design)
+    levels_covariance = np.linalg.inv(design.T @ weighted)
+    levels = levels_covariance @ (weighted.T @ np.asarray(logs))
+    contrast = np.array([1.0, -1.0])
+    return float(levels[0] - levels[1]), math.sqrt(float(contrast @ levels_covariance @ contrast))
 
 
 def cores_used(trial: Trial) -> Optional[float]:

@@ -5,9 +5,11 @@ real trials cannot be made to land undecided on purpose), read by tune's own cod
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Dict, List
 
+import numpy as np
 import pytest
 
 from bwopt.measure.uncertainty import sequential_level
@@ -113,17 +115,66 @@ def test_the_drift_term_widens_with_the_looks_level_as_the_spread_does():
     )
     candidate = Trial(1, "prefetch", "…", {}, repeats=[(1150.0, None), (1210.0, None)], repeat_blocks=[1, 1])
     pooled, drift = (0.03, 4), (0.05, 3)
+    every_run, beside = math.sqrt(1150 * 1210) / (1000 * 1040 * 1100) ** (1 / 3), math.sqrt(1150 * 1210) / 1100
     for level in (0.95, sequential_level(2), sequential_level(5)):
         with_drift, without = (
             against(candidate, start, pooled, drift, level),
             against(candidate, start, pooled, None, level),
         )
-        assert with_drift.ratio == without.ratio and with_drift.ci95[0] < without.ci95[0]
+        assert without.ratio == pytest.approx(every_run)
+        # with drift the comparison leans on the start's run in the candidate's block, and is less sure
+        assert beside < with_drift.ratio < every_run
+        assert math.log(with_drift.ci95[1] / with_drift.ci95[0]) > math.log(without.ci95[1] / without.ci95[0])
     once, twice = (
         against(candidate, start, pooled, drift),
         against(candidate, start, pooled, drift, sequential_level(2)),
     )
     assert twice.ci95[0] < once.ci95[0] < once.ci95[1] < twice.ci95[1] and twice.level > once.level == 0.95
+
+
+def kept_in_simulated_tuning(rng, gain: float, spread: float, drift: float, with_drift: bool = True) -> bool:
+    """One candidate judged as tune judges it, on simulated runs: the start twice in block 0, two
+    earlier candidates that change nothing (c, i, c each), then the candidate `gain` times faster for
+    up to two rounds at Pocock's level, going on only while it leans its way. Every run's log
+    throughput: its setting's, its block's drift (standard deviation `drift`) and its own noise (`spread`)."""
+    shift: Dict[int, float] = {}
+
+    def run(trial: Trial, level: float, block: int) -> None:
+        shift.setdefault(block, rng.normal(0.0, drift))
+        trial.repeats.append((math.exp(level + shift[block] + rng.normal(0.0, spread)), None))
+        trial.repeat_blocks.append(block)
+
+    start = Trial(0, "start", "…", {})
+    trials = [start, Trial(1, "prefetch", "…", {}), Trial(2, "parallelize", "…", {}), Trial(3, "fuse", "…", {})]
+    run(start, 0.0, 0)
+    run(start, 0.0, 0)
+    for block, trial in enumerate([*trials[1:], trials[3]], 1):
+        level = math.log(gain) if trial is trials[3] else 0.0
+        run(trial, level, block), run(start, 0.0, block), run(trial, level, block)
+        if trial is trials[3]:
+            pooled = run_to_run_spread(trials)
+            measured = drift_spread(trials, pooled) if with_drift else None
+            comparison = against(trial, start, pooled, measured, sequential_level(2))
+            if comparison.word == "faster" or comparison.ratio <= 1:
+                return comparison.word == "faster"
+    return False
+
+
+@pytest.mark.parametrize("spread, drift, power", [(0.043, 0.054, 0.45), (0.03, 0.10, 0.65)])
+def test_in_simulated_tunings_a_candidate_that_changes_nothing_is_kept_no_more_often_than_one_95_percent_look_allows(
+    spread, drift, power
+):
+    """The machine drifts between rounds (5.4 % against a 4.3 % spread, as an `imagenet_like` tuning
+    measured; 10 % against 3 %): with the drift in the comparison a candidate that changes nothing
+    is kept 3 % of the time (a one-sided 95 % test: 2.5 %); without it, 10 % and 28 %.
+    A ×1.1 candidate is kept about half the time and more (the comparison leans on the runs
+    beside it as far as the drift outweighs the spread), where every run of each with the drift
+    added by block shares kept it 32 % and 17 % of the time."""
+    rng = np.random.default_rng(0)
+    null = np.mean([kept_in_simulated_tuning(rng, 1.0, spread, drift) for _ in range(2000)])
+    assert null <= 0.04
+    assert np.mean([kept_in_simulated_tuning(rng, 1.0, spread, drift, with_drift=False) for _ in range(500)]) > 0.06
+    assert np.mean([kept_in_simulated_tuning(rng, 1.1, spread, drift) for _ in range(1000)]) >= power
 
 
 @pytest.mark.parametrize(
