@@ -29,7 +29,8 @@ closing line claimed, and whether tune's val_accuracy is within `sweep.accuracy_
 of the start's.
 
 Run: `.venv/bin/python benchmarks/tune_payoff.py [--workload pipelines|imagenet_like] [--search N]
-[--rounds K] [--allow CHANGE ...]` (`--allow decode`: tune's `hydra.sweeper.allow=[decode]`;
+[--rounds K] [--allow CHANGE ...] [--tune SETTING ...]` (`--allow decode`: tune's
+`hydra.sweeper.allow=[decode]`; `--tune hydra.sweeper.target_fraction=0.97`: its own settings;
 pipelines: about 10 min on 2 cores; imagenet_like: about 15 min).
 `BWOPT_BENCHMARK_SMOKE=1` runs a one-trial tuning of a shrunk workload and one round (the smoke test).
 """
@@ -81,9 +82,9 @@ def bwopt_sweep(arguments, folder: Path) -> float:
     return time.perf_counter() - started
 
 
-def tune(workload, folder: Path, max_trials: int, allow=()):
+def tune(workload, folder: Path, max_trials: int, allow=(), extra=()):
     smoke = ["hydra.sweeper.probe=false", "hydra.sweeper.repeats=1"] if SMOKE else []
-    settings = [f"hydra.sweeper.max_trials={max_trials}", *smoke]
+    settings = [f"hydra.sweeper.max_trials={max_trials}", *smoke, *extra]
     settings += [f"hydra.sweeper.allow=[{','.join(allow)}]"] if allow else []
     wall_s = bwopt_sweep(["tune=pipeline", *workload, "pipeline=naive", *settings], folder)
     tuned = (folder / "tuned.yaml").read_text().split()
@@ -110,14 +111,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1 if SMOKE else 3)
     parser.add_argument("--allow", nargs="*", default=[], metavar="CHANGE", help="tune's hydra.sweeper.allow")
     parser.add_argument("--search-best", nargs="+", metavar="OVERRIDE", help="an earlier search's best, re-measured")
+    parser.add_argument(
+        "--tune", nargs="+", default=[], metavar="SETTING", help="tune's own settings (hydra.sweeper.*)"
+    )
     arguments = parser.parse_args()
     workload = [*WORKLOADS[arguments.workload], *(SHRUNK if SMOKE else [])]
     allowed = f", tune allowing {', '.join(arguments.allow)}" if arguments.allow else ""
+    allowed += f", tune with {' '.join(arguments.tune)}" if arguments.tune else ""
     rounds = f"{arguments.rounds} alternated round(s)"
     print(f"tune_payoff: {arguments.workload}{allowed}, {rounds}; {load_line()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bwopt-tune-payoff-") as scratch:
         scratch = Path(scratch)
-        tuned, closing, runs, tune_s, trials = tune(workload, scratch / "tune", 1 if SMOKE else 5, arguments.allow)
+        tuned, closing, runs, tune_s, trials = tune(
+            workload, scratch / "tune", 1 if SMOKE else 5, arguments.allow, arguments.tune
+        )
         print(f"tune: {runs} run(s), {tune_s:.0f} s: {closing}")
         for line in trials:
             print(f"  trial {line}")
