@@ -1,8 +1,8 @@
 """What the classic tf.data optimisations pay on the same workload, through bwopt's own code path.
 
-Every run is a real bwopt experiment: the real conf/ composed with Hydra's compose API plus
-overrides, validated with `bwopt.app.validate`, run by `bwopt.modes.run` (tracking=none, no
-memcpy test, no progress bar, its printed summary swallowed), and read back from its Summary.
+Every run is a real bwopt experiment: `python -m bwopt OVERRIDES` in a process of its own
+(`_common.fresh_run`: tracking=none, no memcpy test, no progress bar), read back from its
+summary.json; in one process a run measures its predecessors' leftovers (see `fresh_run`).
 Each comparison runs its sides alternated round by round (in `_common.alternate`'s order);
 every ratio printed is the geometric mean of the per-round ratios with its 95 % interval
 (`_common.spread`), then their median and min-max.
@@ -29,9 +29,9 @@ every ratio printed is the geometric mean of the per-round ratios with its 95 % 
     same tf.data pipeline (prefetch 0) iterated alone; compute = 30 calls of the same train step
     (bwopt.train.make_step_functions, with its 20 ms sleep) on one batch, each read on the host.
 
-TensorFlow fixes its devices once per process, so all runs share the default device set-up.
+The independent latencies of (c) are timed in this process, with the default device set-up.
 
-Run: `.venv/bin/python benchmarks/pipeline_payoff.py` (about 4 min on 2 cores);
+Run: `.venv/bin/python benchmarks/pipeline_payoff.py` (about 7 min on 2 cores);
 `BWOPT_BENCHMARK_SMOKE=1` runs one round of (a) shrunk and (c) (the smoke test).
 """
 
@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import QUIET, SMOKE, compose, configure_devices, load_line, ratios, run_bwopt, spread, verdict
+from _common import QUIET, SMOKE, compose, configure_devices, fresh_run, load_line, ratios, spread, verdict
 
 ROUNDS = 1 if SMOKE else 5
 COMMON = ["tracking=none", *QUIET]
@@ -129,8 +129,9 @@ def independent_latencies(config):
 def main() -> None:
     started_all = time.perf_counter()
     print_header()
-    configs = {name: compose([*COMMON, *overrides]) for name, overrides in VARIANTS.items()}
-    configure_devices(configs["preset, pipeline=naive"][0])
+    artificial, _ = compose([*COMMON, *VARIANTS["artificial, prefetch=0"]])
+    configure_devices(artificial)
+    runs = iter(range(ROUNDS * len(VARIANTS)))
     summaries = {name: [] for name in VARIANTS}
     predicted = []
     pairs = [list(VARIANTS)[index : index + 2] for index in range(0, len(VARIANTS), 2)]
@@ -138,14 +139,15 @@ def main() -> None:
         for round_number in range(ROUNDS):
             for pair in pairs:
                 for name in pair if round_number % 2 == 0 else reversed(pair):
-                    summaries[name].append(run_bwopt(*configs[name], Path(scratch) / "run"))
-            predicted.append(independent_latencies(configs["artificial, prefetch=0"][0]))
+                    run = Path(scratch) / str(next(runs))
+                    summaries[name].append(fresh_run([*COMMON, *VARIANTS[name]], run))
+            predicted.append(independent_latencies(artificial))
     report(summaries, predicted, time.perf_counter() - started_all)
 
 
 def print_header() -> None:
     lines = [
-        "pipeline_payoff: bwopt runs (bwopt.modes.run, tracking=none) compared side by side,",
+        "pipeline_payoff: bwopt runs (each python -m bwopt in a process of its own, tracking=none) side by side,",
         f"  {ROUNDS} alternated rounds; ratio = geometric mean of the per-round throughput ratios "
         f"(95 % CI; median, min-max); {load_line()}",
         "  (a) experiment=pipelines: pipeline=tuned (with measure.ceilings=true) vs pipeline=naive",

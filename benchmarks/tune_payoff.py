@@ -36,20 +36,15 @@ pipelines: about 10 min on 2 cores; imagenet_like: about 15 min).
 """
 
 import argparse
-import json
-import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
-from _common import QUIET, SMOKE, alternate, load_line, ratios, spread, typical, verdict
+from _common import QUIET, SMOKE, alternate, bwopt_process, fresh_run, load_line, ratios, spread, typical, verdict
 
-REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = {
     "pipelines": ["experiment=pipelines"],
     "imagenet_like": ["experiment=imagenet_like"],
@@ -67,12 +62,6 @@ TARGETS = {"start": 1.0, "autotune everything": 1.2, "pipeline=tuned": 1.0, "sea
 TARGET_OF_CEILING = 0.9
 ACCURACY_TOLERANCE = 0.03  # sweep.accuracy_tolerance's default
 CLAIMED_GAIN = re.compile(r"×([\d.]+) over the start \(95 % CI ×([\d.]+)–×([\d.]+)\)")
-
-
-def bwopt_process(arguments, cwd: Path) -> None:
-    """`python -m bwopt ARGUMENTS` in a fresh process in `cwd`, its own output left out."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "-m", "bwopt", *arguments], cwd=cwd, check=True, stdout=subprocess.DEVNULL, env=env)
 
 
 def bwopt_sweep(arguments, folder: Path) -> float:
@@ -149,11 +138,8 @@ def main() -> None:
 
 def remeasure(sides, rounds: int, folder: Path):
     """Each side's Summary over `rounds` rounds, every side once per round in a seeded random order
-    (`_common.alternate`), every run a fresh `python -m bwopt` process as the tuning's trials are.
-    Runs one after the other in one process measured each other's leftovers: on 2026-12-07 (idle,
-    AMD EPYC, 2 cores) `experiment=pipelines pipeline=naive pipeline.vectorized_map=true` read
-    10,900-14,000 examples/s over three in-process rounds and 21,200-22,200 over three in
-    processes of its own 20 minutes later (`pipeline=tuned` 16,100-18,800 and 21,300-21,900)."""
+    (`_common.alternate`), every run a fresh `python -m bwopt` process (`_common.fresh_run`) as
+    the tuning's trials are."""
     common = ["tracking=none", "measure.ceilings=true", *QUIET]
     numbers = iter(range(rounds * len(sides)))
 
@@ -161,18 +147,6 @@ def remeasure(sides, rounds: int, folder: Path):
         return lambda: fresh_run([*overrides, *common], folder / str(next(numbers)))
 
     return alternate({name: side(overrides) for name, overrides in sides.items()}, rounds)
-
-
-def fresh_run(overrides, folder: Path):
-    """`python -m bwopt OVERRIDES` in a process of its own, its run in `folder`; its Summary."""
-    from bwopt.summary import Summary
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    bwopt_process([*overrides, f"hydra.run.dir={folder}"], folder.parent)
-    summary = Summary.from_dict(json.loads((folder / "summary.json").read_text()))
-    if summary.status != "FINISHED" or summary.figures is None:
-        raise RuntimeError(f"bwopt run in {folder} ended {summary.status} with figures {summary.figures}")
-    return summary
 
 
 def report(summaries) -> None:
