@@ -93,7 +93,13 @@ def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], drift: Opt
         f"{pooled[0] * 100:.1f} % of throughput (standard deviation, {freedom(pooled[1])})"
     )
     if drift:
-        return f"Noise: {ran}. Every comparison held {spread}, and {measured}."
+        leaning = (
+            " Where the drift outweighs the spread, a comparison leans on the runs of both in the same "
+            "rounds, where it cancels (a least-squares contrast), so its ratio can differ from the medians' ratio."
+            if drift[0] > 0
+            else ""
+        )
+        return f"Noise: {ran}. Every comparison held {spread}, and {measured}.{leaning}"
     return (
         f"Noise: {ran}. Every comparison held {spread}. Drift of the machine between one trial's runs and "
         "the next trial's is not in it (`hydra.sweeper.rerun_incumbent=true` measures it)."
