@@ -292,6 +292,22 @@ def compare(a: Tuple[float, float], b: Tuple[float, float], level: float = CONFI
     return Comparison(math.exp(difference), (low, high), word, level)
 
 
+def rounds_to_find(comparison: Comparison, rounds: int, gain: float, power: float = 0.8) -> Optional[int]:
+    """About how many rounds like the `rounds` behind `comparison` would find a true `gain` (the
+    ratio one side is expected to have to the other) beyond the noise `power` of the time at the
+    comparison's level: the usual sample size, its standard error narrowing as 1/sqrt(rounds), so
+    rounds x ((z of the level + z of the power) x that error / log gain)^2. Priced from a gain
+    expected beforehand (a model's), not from the ratio observed, which noise moves as much as
+    the interval. None where `gain` is no gain or the interval is not finite."""
+    low, high = comparison.ci95
+    if gain <= 1.0 or not 0 < low <= high < math.inf:
+        return None
+    z = z_of(comparison.level)
+    error = (math.log(high) - math.log(low)) / (2 * z)
+    needed = rounds * ((z + statistics.NormalDist().inv_cdf(power)) * error / math.log(gain)) ** 2
+    return max(1, math.ceil(needed))
+
+
 def repeats_to_resolve(comparison: Comparison, repeats: int) -> Optional[int]:
     """About how many repeats per setting would make the observed difference clear its interval
     (the interval narrows as 1/sqrt(repeats)); None when there is no difference to resolve."""

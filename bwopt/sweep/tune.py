@@ -45,7 +45,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from bwopt.measure.host import available_cores
-from bwopt.measure.uncertainty import sequential_level
+from bwopt.measure.uncertainty import rounds_to_find, sequential_level
 from bwopt.memory import available_memory_bytes
 from bwopt.schema import SweepConfig
 from bwopt.sweep.sweeper import SweepFailed, prepare_sweep
@@ -62,6 +62,7 @@ from bwopt.sweep.tune_record import (
     run_to_run_spread,
 )
 from bwopt.sweep.tune_setup import (
+    MAX_EXTRA_ROUNDS,
     BwoptTunerConf,
     TuneConfigError,
     profile_of,
@@ -183,6 +184,7 @@ class PipelineTuner(Sweeper):
             candidate = Trial(
                 len(self.trials), proposal.name, proposal.reason, {**incumbent.overrides, **proposal.overrides}
             )
+            candidate.predicted_gain = proposal.gain
             self._run(base, candidate, incumbent)
             self._settle(base, candidate, incumbent, start)
             (kept if candidate.kept else rejected).append(proposal.name)
@@ -288,11 +290,31 @@ class PipelineTuner(Sweeper):
             candidate.note = f"val_accuracy {candidate.val_accuracy:.3f} below the start's {start.val_accuracy:.3f}"
         elif comparison.word != "faster":
             candidate.note = f"{ratio_text(comparison)} the incumbent, {comparison.word}; reverted"
+            candidate.note += self._rounds_to_find(candidate, comparison)
         candidate.kept = not worse and comparison.word == "faster"
         leaning = not worse and comparison.word == "no difference detected" and comparison.ratio > 1
         verdict = "kept" if candidate.kept else "undecided" if leaning and not last else "not kept"
         log.info(f"tune trial {candidate.number}: {ratio_text(comparison)} the incumbent, {comparison.word}: {verdict}")
         return leaning
+
+    def _rounds_to_find(self, candidate: Trial, comparison) -> str:
+        """For an undecided candidate: about how many rounds would find the gain the model expected
+        of it four times in five at the spread its rounds so far measured; "" where that says nothing."""
+        if comparison.word != "no difference detected" or not candidate.predicted_gain:
+            return ""
+        rounds = max(1, len(candidate.folders) // self.settings.repeats)
+        needed = rounds_to_find(comparison, rounds, candidate.predicted_gain)
+        if needed is None or needed <= rounds:
+            return ""
+        setting = (
+            f"hydra.sweeper.extra_rounds={needed - 1}"
+            if needed - 1 <= MAX_EXTRA_ROUNDS
+            else f"more than hydra.sweeper.extra_rounds allows, {MAX_EXTRA_ROUNDS}"
+        )
+        return (
+            f"; the model's ×{candidate.predicted_gain:.2f} would take about {needed} rounds of "
+            f"{self.settings.repeats} run(s) to be found 4 times in 5 at this spread ({setting})"
+        )
 
     def _finish(self, base: List[str], final: Trial, stop: str, elapsed_s: float) -> Dict[str, Any]:
         start = self.trials[0]

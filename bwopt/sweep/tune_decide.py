@@ -181,6 +181,7 @@ class Proposal:
     overrides: Dict[str, str]
     reason: str
     predicted_batch_time_s: float = 0.0
+    gain: float = 1.0  # what the model expects it to multiply the throughput by
 
 
 @dataclass

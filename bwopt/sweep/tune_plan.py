@@ -56,7 +56,7 @@ def plan(
         state, overrides, reason = outcome
         gain = current / predicted_batch_time_s(state, budget)
         proposals.append(
-            Proposal(name, overrides, f"{reason} (model: ×{gain:.2f})", predicted_batch_time_s(state, budget))
+            Proposal(name, overrides, f"{reason} (model: ×{gain:.2f})", predicted_batch_time_s(state, budget), gain)
         )
     remaining = [candidate for name, candidate in by_name.items() if name not in (*kept, *rejected, *opt_in)]
     while remaining:
@@ -72,7 +72,9 @@ def plan(
         gain, candidate, (state, overrides, reason) = max(options, key=lambda option: option[0])
         remaining.remove(candidate)
         predicted = predicted_batch_time_s(state, budget)
-        proposals.append(Proposal(candidate_name(candidate), overrides, f"{reason} (model: ×{gain:.2f})", predicted))
+        proposals.append(
+            Proposal(candidate_name(candidate), overrides, f"{reason} (model: ×{gain:.2f})", predicted, gain)
+        )
     for name, candidate in opt_in.items():
         if name in (*kept, *rejected):
             continue
@@ -82,7 +84,8 @@ def plan(
             continue
         state, overrides, reason = outcome
         predicted = predicted_batch_time_s(state, budget)
-        proposals.append(Proposal(name, overrides, f"{reason} (model: ×{current / predicted:.2f})", predicted))
+        gain = current / predicted
+        proposals.append(Proposal(name, overrides, f"{reason} (model: ×{gain:.2f})", predicted, gain))
     return proposals
 
 

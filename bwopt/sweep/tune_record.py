@@ -61,6 +61,8 @@ class Trial:
         kept: it beat the incumbent beyond the noise (the start is kept).
         against_incumbent: the comparison that decided, when there was one.
         note: why it was reverted, or other words for the table.
+        predicted_gain: what the cost model expected the change to multiply the throughput by
+            (None for the start).
     """
 
     number: int
@@ -83,6 +85,7 @@ class Trial:
     kept: bool = False
     against_incumbent: Optional[Comparison] = None
     note: str = ""
+    predicted_gain: Optional[float] = None
     repeats: List[Tuple[float, Optional[List[float]]]] = field(default_factory=list)
     folders: List[Path] = field(default_factory=list)
     blocks: List[int] = field(default_factory=list)

@@ -53,13 +53,14 @@ class ScriptedLauncher:
         (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
 
 
-def tune_with(tmp_path: Path, script: Dict[str, List[float]], **settings) -> BwoptTuner:
+def tune_with(tmp_path: Path, script: Dict[str, List[float]], gain=None, **settings) -> BwoptTuner:
+    """A start and one candidate (`gain`: what the model expected of it) judged on scripted runs."""
     tuner = BwoptTuner(**settings)
     tuner.sweep_dir = tmp_path
     tuner.launcher = ScriptedLauncher(tmp_path, script)
     start = tuner._run([], Trial(0, "start", "the workload as given", {}))
     start.kept = True
-    candidate = Trial(1, "prefetch", "…", {"pipeline.prefetch": "2"})
+    candidate = Trial(1, "prefetch", "…", {"pipeline.prefetch": "2"}, predicted_gain=gain)
     tuner._run([], candidate, start)
     tuner._settle([], candidate, start, start)
     return tuner
@@ -97,6 +98,19 @@ def test_a_gain_that_the_second_round_does_not_confirm_is_reverted_after_it(tmp_
     assert said[0].endswith("no difference detected: undecided"), said
     assert said[1] == "tune trial 1: leaning its way: one more round"
     assert said[2].endswith("no difference detected: not kept") and len(said) == 3, said
+    assert "would take" not in candidate.note  # no gain expected of it: nothing to price
+
+
+def test_an_undecided_candidate_says_how_many_rounds_would_find_the_gain_the_model_expected(tmp_path):
+    script = {"start": [*START, 1020.0, 1090.0], "candidate": [*FIRST_ROUND, 1060.0, 1100.0]}
+    candidate = tune_with(tmp_path, script, gain=1.15).trials[1]
+    note = candidate.note
+    assert "no difference detected; reverted; the model's ×1.15 would take about " in note
+    needed = int(note.split("would take about ")[1].split()[0])
+    assert needed > 2 and f"{needed} rounds of 2 run(s) to be found 4 times in 5 at this spread" in note
+    assert note.endswith(f"(hydra.sweeper.extra_rounds={needed - 1})")
+    # a model that expected no more than the two rounds already resolve says nothing
+    assert "would take" not in tune_with(tmp_path / "big", script, gain=3.0).trials[1].note
 
 
 def test_without_the_incumbent_run_again_a_second_round_stays_in_the_candidates_block(tmp_path):
