@@ -200,6 +200,15 @@ class Comparison:
         return f"{name} vs {other}: ×{self.ratio:.2f} ({self.interval_name} ×{low:.2f}–×{high:.2f}), {self.word}"
 
 
+def interval_error(bounds: Optional[Sequence[float]]) -> Optional[float]:
+    """The standard error of one run's log throughput that its 95 % interval `bounds` implies (its
+    log width / (2 x 1.96)); None where it has none, or one of zero width (one timed step), which
+    says nothing of the noise."""
+    if not bounds or not 0 < bounds[0] < bounds[1]:
+        return None
+    return (math.log(bounds[1]) - math.log(bounds[0])) / (2 * Z_95)
+
+
 def log_estimate(
     values: Sequence[float],
     intervals: Sequence[Optional[Sequence[float]]],
@@ -219,11 +228,7 @@ def log_estimate(
     by Student's t over the normal quantile of that level.
     """
     logs = np.log(np.asarray(values, dtype=np.float64))
-    within = [  # an interval of zero width (one timed step) says nothing of the noise
-        (math.log(bounds[1]) - math.log(bounds[0])) / (2 * Z_95)
-        for bounds in intervals
-        if bounds and 0 < bounds[0] < bounds[1]
-    ]
+    within = [error for error in map(interval_error, intervals) if error is not None]
     within_se = math.sqrt(np.mean(np.square(within)) / len(logs)) if within else 0.0
     if pooled is not None:
         spread, degrees = pooled

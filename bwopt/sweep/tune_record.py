@@ -21,6 +21,7 @@ from bwopt.measure.uncertainty import (
     Z_95,
     Comparison,
     compare,
+    interval_error,
     log_estimate,
     pooled_log_spread,
     t_over_z,
@@ -291,15 +292,10 @@ def drift_cancelled(
     for side, trial in enumerate((candidate, incumbent)):
         runs = trial.repeats or [(trial.throughput, trial.ci95)]
         for (value, bounds), block in zip(runs, trial.run_blocks if trial.repeats else [trial.number]):
-            own = (
-                (math.log(bounds[1]) - math.log(bounds[0])) / (2 * Z_95)
-                if bounds and 0 < bounds[0] < bounds[1]
-                else 0.0
-            )
             logs.append(math.log(value))
             sides.append(side)
             blocks.append(block)
-            noise.append(max(spread, own))
+            noise.append(max(spread, interval_error(bounds) or 0.0))
     covariance = np.diag(np.square(noise)) + between**2 * np.equal.outer(blocks, blocks)
     design = np.eye(2)[sides]
     weighted = np.linalg.solve(covariance, design)
