@@ -70,9 +70,13 @@ def run_bwopt(config, resolved, folder: Path):
     from bwopt.modes import run
 
     with contextlib.redirect_stdout(io.StringIO()):
-        summary = run(config, output_dir=Path(folder), resolved=resolved)
+        return finished(run(config, output_dir=Path(folder), resolved=resolved), folder)
+
+
+def finished(summary, folder: Path):
+    """`summary`, raising where the run in `folder` did not finish with figures."""
     if summary.status != "FINISHED" or summary.figures is None:
-        raise RuntimeError(f"bwopt run ended {summary.status} with figures {summary.figures}")
+        raise RuntimeError(f"bwopt run in {folder} ended {summary.status} with figures {summary.figures}")
     return summary
 
 
@@ -96,10 +100,7 @@ def fresh_run(overrides: Sequence[str], folder: Path):
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     bwopt_process([*overrides, f"hydra.run.dir={folder}"], folder.parent)
-    summary = Summary.from_dict(json.loads((folder / "summary.json").read_text()))
-    if summary.status != "FINISHED" or summary.figures is None:
-        raise RuntimeError(f"bwopt run in {folder} ended {summary.status} with figures {summary.figures}")
-    return summary
+    return finished(Summary.from_dict(json.loads((folder / "summary.json").read_text())), folder)
 
 
 def alternate(sides: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, List[object]]:
