@@ -22,7 +22,8 @@ bwopt.sweep.sweeper.ParentBeside), one at a time, each with `measure.ceilings=tr
    and learned as well (val_accuracy within `sweep.accuracy_tolerance` of the start's); a
    comparison that is undecided but leans the candidate's way gets another round (up to
    `extra_rounds`), every look at Pocock's level so that the looks together err no more often
-   than one 95 % comparison; otherwise the candidate is reverted, and the table says so;
+   than one 95 % comparison; otherwise the candidate is reverted, and the table says so; changes
+   reverted within the noise run again as one change once none is left (`tune_plan.together`);
 4. it stops when the incumbent reaches `target_fraction` of its compute ceiling (the input side
    has nothing left to give), when no proposal is left, or after `max_trials` trials.
 
@@ -38,19 +39,19 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from bwopt.measure.host import available_cores
-from bwopt.measure.uncertainty import rounds_to_find, sequential_level
+from bwopt.measure.uncertainty import sequential_level
 from bwopt.memory import available_memory_bytes
 from bwopt.schema import SweepConfig
 from bwopt.sweep.sweeper import SweepFailed, prepare_sweep
-from bwopt.sweep.tune_decide import Budget
-from bwopt.sweep.tune_plan import OPT_IN_NAMES, busy_cores_reason, plan
+from bwopt.sweep.tune_decide import Budget, Proposal
+from bwopt.sweep.tune_plan import OPT_IN_NAMES, busy_cores_reason, plan, together
 from bwopt.sweep.tune_plot import plot_path
 from bwopt.sweep.tune_record import (
     Trial,
@@ -62,7 +63,6 @@ from bwopt.sweep.tune_record import (
     run_to_run_spread,
 )
 from bwopt.sweep.tune_setup import (
-    MAX_EXTRA_ROUNDS,
     BwoptTunerConf,
     TuneConfigError,
     profile_of,
@@ -74,6 +74,7 @@ from bwopt.sweep.tune_text import (
     closing_line,
     noise_sentence,
     ratio_text,
+    rounds_note,
     rounds_sentence,
     slow_sentence,
     stage_table,
@@ -161,10 +162,13 @@ class PipelineTuner(Sweeper):
         next_proposal = self._planner(base, start, budget)
         kept: List[str] = []
         rejected: List[str] = []
+        undecided: List[Tuple[Proposal, Trial]] = []  # changes reverted within the noise, not yet run together
         while True:
             # past the target only the opt-in changes (hydra.sweeper.allow) are left to try
             reached = self._reached_target(incumbent)
             proposal = next_proposal(kept, rejected, reached)
+            if not reached and (proposal is None or proposal.name in OPT_IN_NAMES) and len(undecided) > 1:
+                proposal, undecided = together(undecided), []  # the changes that keep the math come first
             if reached and proposal is None:
                 stop = f"reached {self.settings.target_fraction:g} of the compute ceiling"
                 break
@@ -187,7 +191,13 @@ class PipelineTuner(Sweeper):
             candidate.predicted_gain = proposal.gain
             self._run(base, candidate, incumbent)
             self._settle(base, candidate, incumbent, start)
-            (kept if candidate.kept else rejected).append(proposal.name)
+            if not proposal.parts:
+                (kept if candidate.kept else rejected).append(proposal.name)
+                if candidate.undecided and proposal.name not in OPT_IN_NAMES:
+                    undecided.append((proposal, candidate))
+            elif candidate.kept:  # changes run together: each was reverted alone
+                kept += proposal.parts
+                rejected = [name for name in rejected if name not in proposal.parts]
             incumbent = candidate if candidate.kept else incumbent
         return self._finish(base, incumbent, stop, time.monotonic() - started)
 
@@ -290,31 +300,14 @@ class PipelineTuner(Sweeper):
             candidate.note = f"val_accuracy {candidate.val_accuracy:.3f} below the start's {start.val_accuracy:.3f}"
         elif comparison.word != "faster":
             candidate.note = f"{ratio_text(comparison)} the incumbent, {comparison.word}; reverted"
-            candidate.note += self._rounds_to_find(candidate, comparison)
+            rounds = max(1, len(candidate.folders) // self.settings.repeats)
+            candidate.note += rounds_note(candidate.predicted_gain, comparison, rounds, self.settings.repeats)
         candidate.kept = not worse and comparison.word == "faster"
+        candidate.undecided = not worse and comparison.word == "no difference detected"
         leaning = not worse and comparison.word == "no difference detected" and comparison.ratio > 1
         verdict = "kept" if candidate.kept else "undecided" if leaning and not last else "not kept"
         log.info(f"tune trial {candidate.number}: {ratio_text(comparison)} the incumbent, {comparison.word}: {verdict}")
         return leaning
-
-    def _rounds_to_find(self, candidate: Trial, comparison) -> str:
-        """For an undecided candidate: about how many rounds would find the gain the model expected
-        of it four times in five at the spread its rounds so far measured; "" where that says nothing."""
-        if comparison.word != "no difference detected" or not candidate.predicted_gain:
-            return ""
-        rounds = max(1, len(candidate.folders) // self.settings.repeats)
-        needed = rounds_to_find(comparison, rounds, candidate.predicted_gain)
-        if needed is None or needed <= rounds:
-            return ""
-        setting = (
-            f"hydra.sweeper.extra_rounds={needed - 1}"
-            if needed - 1 <= MAX_EXTRA_ROUNDS
-            else f"more than hydra.sweeper.extra_rounds allows, {MAX_EXTRA_ROUNDS}"
-        )
-        return (
-            f"; the model's ×{candidate.predicted_gain:.2f} would take about {needed} rounds of "
-            f"{self.settings.repeats} run(s) to be found 4 times in 5 at this spread ({setting})"
-        )
 
     def _finish(self, base: List[str], final: Trial, stop: str, elapsed_s: float) -> Dict[str, Any]:
         start = self.trials[0]

@@ -182,6 +182,7 @@ class Proposal:
     reason: str
     predicted_batch_time_s: float = 0.0
     gain: float = 1.0  # what the model expects it to multiply the throughput by
+    parts: Tuple[str, ...] = ()  # the proposals it runs together (`tune_plan.together`); () for one
 
 
 @dataclass

@@ -62,6 +62,8 @@ class Trial:
         kept: it beat the incumbent beyond the noise (the start is kept).
         against_incumbent: the comparison that decided, when there was one.
         note: why it was reverted, or other words for the table.
+        undecided: its last comparison with the incumbent found no difference either way, and it
+            learned as well as the start (`tune_plan.together` may run it again with others).
         predicted_gain: what the cost model expected the change to multiply the throughput by
             (None for the start).
     """
@@ -86,6 +88,7 @@ class Trial:
     kept: bool = False
     against_incumbent: Optional[Comparison] = None
     note: str = ""
+    undecided: bool = False
     predicted_gain: Optional[float] = None
     repeats: List[Tuple[float, Optional[List[float]]]] = field(default_factory=list)
     folders: List[Path] = field(default_factory=list)

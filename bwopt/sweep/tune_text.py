@@ -8,8 +8,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
-from bwopt.measure.uncertainty import Comparison
+from bwopt.measure.uncertainty import Comparison, rounds_to_find
 from bwopt.sweep.tune_record import Trial, against
+from bwopt.sweep.tune_setup import MAX_EXTRA_ROUNDS
 
 TABLE_HEADER = (
     "| trial | change | reason | throughput, examples/s (95 % CI) | × start | of min(ceilings) | kept "
@@ -103,6 +104,26 @@ def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], drift: Opt
     return (
         f"Noise: {ran}. Every comparison held {spread}. Drift of the machine between one trial's runs and "
         "the next trial's is not in it (`hydra.sweeper.rerun_incumbent=true` measures it)."
+    )
+
+
+def rounds_note(predicted_gain: Optional[float], comparison: Comparison, rounds: int, repeats: int) -> str:
+    """For an undecided candidate after `rounds` rounds of `repeats` runs: about how many rounds would
+    find the gain the model expected of it four times in five at the spread they measured, and the
+    `extra_rounds` that buys them; "" where that says nothing."""
+    if comparison.word != "no difference detected" or not predicted_gain:
+        return ""
+    needed = rounds_to_find(comparison, rounds, predicted_gain)
+    if needed is None or needed <= rounds:
+        return ""
+    setting = (
+        f"hydra.sweeper.extra_rounds={needed - 1}"
+        if needed - 1 <= MAX_EXTRA_ROUNDS
+        else f"more than hydra.sweeper.extra_rounds allows, {MAX_EXTRA_ROUNDS}"
+    )
+    return (
+        f"; the model's ×{predicted_gain:.2f} would take about {needed} rounds of "
+        f"{repeats} run(s) to be found 4 times in 5 at this spread ({setting})"
     )
 
 

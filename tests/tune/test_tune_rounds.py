@@ -11,11 +11,11 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
+from planned_tuner import PlannedTuner
 
 from bwopt.measure.uncertainty import sequential_level
 from bwopt.sweep.sweeper import SweepFailed
 from bwopt.sweep.tune_decide import Proposal
-from bwopt.sweep.tune_plan import OPT_IN_NAMES
 from bwopt.sweep.tune_record import Trial, against, drift_spread, run_to_run_spread
 from bwopt.sweep.tune_setup import BwoptTunerConf, TuneConfigError
 from bwopt.sweep.tune_text import ratio_text, rounds_sentence
@@ -230,19 +230,6 @@ class CeilingLauncher(ScriptedLauncher):
         self.write_job(initial_job_idx, overrides, figures, measurements)
         self.launched.append(list(overrides))
         return []
-
-
-class PlannedTuner(BwoptTuner):
-    """tune with a plan given in advance (the probe and its cost model are tested apart)."""
-
-    proposals = ()
-
-    def _planner(self, base, start, budget):
-        def next_proposal(kept, rejected, opt_in_only=False):
-            left = [p for p in self.proposals if p.name not in (*kept, *rejected)]
-            return next((p for p in left if not opt_in_only or p.name in OPT_IN_NAMES), None)
-
-        return next_proposal
 
 
 @pytest.mark.parametrize(
