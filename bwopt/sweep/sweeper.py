@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.errors import CompactHydraException, HydraException
+from hydra.errors import HydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -24,9 +24,10 @@ from bwopt.sweep.job import JobCrashed, per_override_set, shown
 log = logging.getLogger(__name__)
 
 
-class SweepFailed(CompactHydraException):
+class SweepFailed(SystemExit):
     """A sweep that measured nothing to answer with (the tuner's start, or every trial of a search,
-    left no result): Hydra prints its message alone, one line with no traceback, and exits 1."""
+    left no result): Python prints its message alone on stderr and exits 1, as for a SystemExit whose
+    code is a string. Hydra lets it through: an Exception would get its HYDRA_FULL_ERROR hint."""
 
 
 def prepare_sweep(

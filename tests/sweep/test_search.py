@@ -137,7 +137,7 @@ def test_the_search_space_is_hydra_sweep_syntax():
 
 @SLOW
 def test_a_search_where_no_trial_finished_is_an_error_in_one_line(tmp_path):
-    # Hydra prints a CompactHydraException's message alone, without a traceback, and exits 1
+    # Python prints a SweepFailed's message alone, without a traceback, and exits 1
     with pytest.raises(SweepFailed, match="^bwopt: search failed: no trial of study 'bwopt' finished; "):
         space = ["+throughput=choice(-1,0)", "+accuracy=0.9"]
         search(tmp_path / "sweep", space, "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler=random", "tracking=none")

@@ -6,6 +6,8 @@ real trials cannot be made to land undecided on purpose), read by tune's own cod
 import json
 import logging
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -304,9 +306,23 @@ def test_a_start_that_left_no_result_ends_the_tuning_in_one_line(tmp_path):
     tuner = BwoptTuner()
     tuner.sweep_dir = tmp_path
     tuner.launcher = SilentLauncher()
-    with pytest.raises(SweepFailed) as failed:  # Hydra prints its message alone and exits 1
+    with pytest.raises(SweepFailed) as failed:  # Python prints its message alone and exits 1
         tuner.sweep(["experiment=pipelines"])
-    assert str(failed.value) == (
+    assert failed.value.code == (
         f"bwopt: tune failed: the start (the workload as given) left no result in {tmp_path / '0'}, "
         f"{tmp_path / '1'}; each failed job's line above says why; see {tmp_path / 'report.md'}"
     )
+
+
+def test_a_failed_sweep_through_hydras_own_error_handling_is_its_line_alone_and_exit_1():
+    # Hydra turns an Exception into a traceback or its HYDRA_FULL_ERROR hint; a SweepFailed passes
+    program = (
+        "from hydra._internal.utils import run_and_report\n"
+        "from bwopt.sweep.sweeper import SweepFailed\n"
+        "def sweep():\n"
+        "    raise SweepFailed('bwopt: search failed: no trial of study x finished; see report.md')\n"
+        "run_and_report(sweep)\n"
+    )
+    ended = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert ended.returncode == 1 and ended.stdout == ""
+    assert ended.stderr == "bwopt: search failed: no trial of study x finished; see report.md\n"
