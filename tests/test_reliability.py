@@ -25,7 +25,8 @@ def start(tmp_path: Path, *overrides, env=None, group: bool = False) -> subproce
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**ENVIRONMENT, **(env or {})},
+        # its scratch files too (a launcher killed by SIGKILL cannot remove its job files)
+        env={**ENVIRONMENT, "TMPDIR": str(tmp_path), **(env or {})},
         start_new_session=group,
         preexec_fn=as_a_terminals_job,
     )
