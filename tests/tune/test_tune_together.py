@@ -24,8 +24,9 @@ class ByChangeLauncher:
     """Each run's throughput is the next scripted for the changes it ran: "start", "parallelize",
     "prefetch", "cache" or several joined by "+" (in THREADS, PREFETCH, CACHE order)."""
 
-    def __init__(self, sweep_dir: Path, script: Dict[str, List[float]]) -> None:
+    def __init__(self, sweep_dir: Path, script: Dict[str, List[float]], ceiling=None) -> None:
         self.sweep_dir, self.script, self.launched = sweep_dir, {k: list(v) for k, v in script.items()}, []
+        self.measurements = {"compute_ceiling_examples_per_s": ceiling} if ceiling else {}
 
     def launch(self, job_overrides, initial_job_idx: int):
         (overrides,) = job_overrides
@@ -39,18 +40,18 @@ class ByChangeLauncher:
         }
         folder = self.sweep_dir / str(initial_job_idx)
         folder.mkdir(parents=True)
-        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": {}}
+        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": self.measurements}
         (folder / "summary.json").write_text(json.dumps(summary))
         (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
         self.launched.append(who)
         return []
 
 
-def tuning(tmp_path: Path, proposals, script: Dict[str, List[float]]):
+def tuning(tmp_path: Path, proposals, script: Dict[str, List[float]], ceiling=None):
     tuner = PlannedTuner(max_trials=5, repeats=2, rerun_incumbent=True, extra_rounds=0)
     tuner.proposals = proposals
     tuner.sweep_dir, tuner.probe_file = tmp_path, tmp_path / "tune_probe_start.json"
-    tuner.launcher = ByChangeLauncher(tmp_path, script)
+    tuner.launcher = ByChangeLauncher(tmp_path, script, ceiling)
     return tuner, tuner.sweep([])
 
 
@@ -90,6 +91,16 @@ def test_a_change_found_slower_or_kept_is_not_run_again_with_another(tmp_path):
     assert changes == ["start", "parallelize", "cache", "prefetch"], changes
     assert tuner.trials[1].against_incumbent.word == "slower" and not tuner.trials[1].undecided
     assert tuner.trials[3].undecided and result["tuned"] == {"pipeline.cache": "memory"}
+
+
+def test_changes_undecided_alone_are_not_run_together_once_a_kept_change_reaches_the_target(tmp_path):
+    # the cache, kept, runs at 0.94 of the compute ceiling (1,700 examples/s): past the 0.9 target
+    script = {"start": START, "parallelize": ALONE, "prefetch": ALONE, "cache": [1580.0, 1620.0]}
+    tuner, result = tuning(tmp_path, (THREADS, PREFETCH, CACHE), script, ceiling=1700.0)
+    assert [trial.change for trial in tuner.trials] == ["start", "parallelize", "prefetch", "cache"]
+    assert tuner.trials[1].undecided and tuner.trials[2].undecided and tuner.trials[3].kept
+    assert result["tuned"] == {"pipeline.cache": "memory"}
+    assert "Stopped: reached 0.9 of the compute ceiling" in (tmp_path / "tune.md").read_text()
 
 
 def test_together_joins_the_overrides_and_multiplies_the_gains_of_two_or_more():
