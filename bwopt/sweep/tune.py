@@ -304,7 +304,7 @@ class PipelineTuner(Sweeper):
             candidate.note += rounds_note(candidate.predicted_gain, comparison, rounds, self.settings.repeats)
         candidate.kept = not worse and comparison.word == "faster"
         candidate.undecided = not worse and comparison.word == "no difference detected"
-        leaning = not worse and comparison.word == "no difference detected" and comparison.ratio > 1
+        leaning = candidate.undecided and comparison.ratio > 1
         verdict = "kept" if candidate.kept else "undecided" if leaning and not last else "not kept"
         log.info(f"tune trial {candidate.number}: {ratio_text(comparison)} the incumbent, {comparison.word}: {verdict}")
         return leaning

@@ -3,7 +3,6 @@ beside the incumbent, every look at Pocock's level. The runs here are job folder
 launcher that hands back throughputs chosen in advance (the rounds' decisions are known answers;
 real trials cannot be made to land undecided on purpose), read by tune's own code."""
 
-import json
 import logging
 import math
 import subprocess
@@ -13,7 +12,7 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
-from planned_tuner import PlannedTuner
+from planned_tuner import PlannedTuner, write_job
 
 from bwopt.measure.uncertainty import sequential_level
 from bwopt.sweep.sweeper import SweepFailed
@@ -47,12 +46,7 @@ class ScriptedLauncher:
         return []
 
     def write_job(self, index: int, overrides, figures: dict, measurements: dict) -> None:
-        """Job folder `index` as a finished job leaves it: its summary and its job record."""
-        folder = self.sweep_dir / str(index)
-        folder.mkdir(parents=True)
-        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": measurements}
-        (folder / "summary.json").write_text(json.dumps(summary))
-        (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
+        write_job(self.sweep_dir, index, overrides, figures, measurements)
 
 
 def tune_with(tmp_path: Path, script: Dict[str, List[float]], gain=None, **settings) -> BwoptTuner:

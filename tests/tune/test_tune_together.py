@@ -3,12 +3,11 @@ The runs are job folders written by a launcher that hands back throughputs chose
 what each run changed (real trials cannot be made to land undecided on purpose), read and judged
 by tune's own code."""
 
-import json
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
-from planned_tuner import PlannedTuner
+from planned_tuner import PlannedTuner, write_job
 
 from bwopt.measure.uncertainty import Comparison
 from bwopt.sweep.tune_decide import Proposal
@@ -38,11 +37,7 @@ class ByChangeLauncher:
             "throughput_examples_per_s": throughput,
             "throughput_examples_per_s_ci95": [throughput * 0.99, throughput * 1.01],
         }
-        folder = self.sweep_dir / str(initial_job_idx)
-        folder.mkdir(parents=True)
-        summary = {"status": "FINISHED", "run_id": None, "figures": figures, "measurements": self.measurements}
-        (folder / "summary.json").write_text(json.dumps(summary))
-        (folder / "job.json").write_text(json.dumps({"overrides": list(overrides), "exit_code": 0, "wall_s": 1.0}))
+        write_job(self.sweep_dir, initial_job_idx, overrides, figures, self.measurements)
         self.launched.append(who)
         return []
 
