@@ -95,24 +95,25 @@ def test_a_sweep_against_a_real_mlflow_server_has_its_parent_and_children_there(
         assert "report.md" in {item.path for item in client.list_artifacts(parent.info.run_id)}
 
 
-# A small pipelines workload, tuned from its naive start over two trials of one run each.
+# A small pipelines workload, its naive start run twice by the tuner: two jobs whatever the tuner
+# would propose next (on a busy machine it may propose nothing the cores could run faster).
 TUNE_WORKLOAD = [
     *["experiment=pipelines", "pipeline=naive", "train.epochs=1", "train.steps_per_epoch=8"],
     *["measure.min_timed_s=0.5", "measure.ceiling_steps=20", "measure.memcpy_bandwidth=false"],
 ]
-ONE_RUN_A_TRIAL = ["hydra.sweeper.repeats=1", "hydra.sweeper.rerun_incumbent=false", "hydra.sweeper.extra_rounds=0"]
+THE_START_TWICE = ["hydra.sweeper.max_trials=1", "hydra.sweeper.repeats=2", "hydra.sweeper.extra_rounds=0"]
 
 
-def two_trials(launcher, work, env=None):
-    """`tune=pipeline` through `launcher` (its overrides) in `work`: the start and one proposal, one
-    run each, in job folders 0 and 1 of `work`/tuning; (the sweep folder, the closing line)."""
+def the_start_twice(launcher, work, env=None):
+    """`tune=pipeline` through `launcher` (its overrides) in `work`: the start, run twice, in job
+    folders 0 and 1 of `work`/tuning; (the sweep folder, the closing line)."""
     tuning = run_bwopt(
-        "-m", "tune=pipeline", *launcher, *TUNE_WORKLOAD, "hydra.sweeper.max_trials=2", *ONE_RUN_A_TRIAL,
-        "hydra.sweep.dir=tuning", cwd=work, timeout=400, env=env,
+        "-m", "tune=pipeline", *launcher, *TUNE_WORKLOAD, *THE_START_TWICE, "hydra.sweep.dir=tuning",
+        cwd=work, timeout=400, env=env,
     )  # fmt: skip
     assert tuning.returncode == 0, tuning.stderr[-3000:]
     sweep = work / "tuning"
-    assert sorted(path.name for path in sweep.iterdir() if path.name.isdigit()) == ["0", "1"]
+    assert sorted(path.name for path in sweep.iterdir() if path.name.isdigit()) == ["0", "1"], tuning.stdout[-3000:]
     closing = next(line for line in tuning.stdout.splitlines() if line.startswith("tuned: "))
     assert ", 2 runs, " in closing and f"**{closing}**" in (sweep / "tune.md").read_text()
     return sweep, closing
@@ -126,15 +127,13 @@ def test_tune_and_the_search_run_their_trials_through_the_submitit_plugin(tmp_pa
     if importlib.util.find_spec(PLUGINS["slurm"]) is None:
         pytest.skip(f"{PLUGINS['slurm']} is not installed (pip install -e '.[slurm]')")
     local = ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]
-    sweep, closing = two_trials(local, tmp_path)
+    sweep, closing = the_start_twice(local, tmp_path)
     # submitit ran them: its own folder holds each job's pickled call and its log
     submitted = [path for path in (sweep / ".submitit").iterdir() if path.name.isdigit()]
     assert len(submitted) == 2 and all(list(folder.glob("*_submitted.pkl")) for folder in submitted)
     ran = [yaml.safe_load((sweep / name / ".hydra" / "overrides.yaml").read_text()) for name in ("0", "1")]
-    changed = [item for item in ran[1] if item not in ran[0]]
-    assert changed and all(item.startswith(("pipeline.", "train.steps_per_execution")) for item in changed)
-    tuned = (sweep / "tuned.yaml").read_text().split()
-    assert tuned in (TUNE_WORKLOAD, [*TUNE_WORKLOAD, *changed])  # the change kept whole or not at all
+    assert ran[0] == ran[1] and set(TUNE_WORKLOAD) <= set(ran[0])  # the tuner's measuring overrides besides
+    assert (sweep / "tuned.yaml").read_text().split() == TUNE_WORKLOAD  # the start, as given
 
     search = run_bwopt(
         "-m", "hparams_search=pipeline", *local, *TUNE_WORKLOAD, "hydra.sweeper.n_trials=2",
@@ -185,7 +184,7 @@ def test_tune_runs_its_trials_as_ray_tasks_on_a_local_cluster(tmp_path):
     inherits the launching process's environment, so the parent run's id reaches every job."""
     if importlib.util.find_spec(PLUGINS["ray"]) is None:
         pytest.skip(f"{PLUGINS['ray']} is not installed (pip install -e '.[ray]')")
-    sweep, closing = two_trials(RAY_LOCAL, tmp_path, env=RAY_ON_LOOPBACK)
+    sweep, closing = the_start_twice(RAY_LOCAL, tmp_path, env=RAY_ON_LOOPBACK)
     tune = parent_with_its_jobs(tmp_path, "tune", sweep, "tune.md")
     assert f"**{closing}**" in tune.data.tags["mlflow.note.content"]
 
