@@ -10,10 +10,14 @@ observed deviations were under 5 %), 0.08 absolute on fractions.
 """
 
 import gc
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
-from conftest import compose_config, known_answer
+from conftest import compose_config, known_answer, others_busy_cores
 
 from bwopt.app import validate
 from bwopt.data.sources import load_artificial
@@ -448,3 +452,27 @@ def test_training_on_the_cores_that_run_its_pipeline_runs_at_its_cores_ceiling(r
     if cores <= 2:  # with more cores the step is too fast for them to be its limit
         below = measured["cores_ceiling_examples_per_s"] < measured["input_ceiling_examples_per_s"]
         known_answer(below, "the cores ceiling was not below the input ceiling")
+
+
+def test_the_busy_machine_check_counts_another_processs_cpu_time():
+    """known_answer's check of other work (conftest.others_busy_cores, from the machine's busy time)
+    against the one other process known to run: a spinning child, its CPU time read from its own
+    /proc entry over the same window. Holds however busy the machine is: the child's share counts
+    in the machine's busy time whatever it gets."""
+
+    def cpu_s(pid: int) -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+    spin = "import time\nend = time.time() + 5\nwhile time.time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.5)
+        wall, before = time.perf_counter(), cpu_s(child.pid)
+        others = others_busy_cores(window_s=1.0)
+        spun = (cpu_s(child.pid) - before) / (time.perf_counter() - wall)
+    finally:
+        child.kill()
+        child.wait()
+    assert spun > 0.2  # the child ran
+    assert 0.9 * spun - 0.05 <= others <= len(os.sched_getaffinity(0)) + 0.05, (others, spun)
