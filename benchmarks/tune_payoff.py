@@ -2,7 +2,7 @@
 
 1. The tuning itself, as users run it: `python -m bwopt -m tune=pipeline WORKLOAD pipeline=naive`
    in a fresh process (bwopt's launcher: every run a fresh process, two per trial and the
-   incumbent once more beside each candidate; tracking=none), timed by the wall clock; its
+   incumbent twice more beside each candidate; tracking=none), timed by the wall clock; its
    tuned.yaml, number of runs, closing line and table (the reasons left out) are read back.
 2. Optionally (`--search N`) the Optuna search over the same workload, `hparams_search=pipeline`
    with N trials, its best overrides read from search.yaml; or (`--search-best OVERRIDES`) the

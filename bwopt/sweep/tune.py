@@ -14,11 +14,12 @@ bwopt.sweep.sweeper.ParentBeside), one at a time, each with `measure.ceilings=tr
    fetched to a GPU), then, only as `hydra.sweeper.allow` lets in, a 16-bit policy (`precision`),
    a larger batch with its learning rate scaled (`batch_size`) and JPEGs decoded whole into a
    cache instead of only their random crop windows (`decode`), all tried past the target too;
-3. each proposal runs on top of the incumbent, its repeats around one more run of the incumbent
+3. each proposal runs on top of the incumbent, its repeats around as many runs of the incumbent
    (`rerun_incumbent`), and is kept only when it is faster beyond the noise
    (bwopt.measure.uncertainty.compare of the two trials' estimates: each run's own interval, the
-   spread between a trial's repeats pooled over every trial so far, and the machine's drift
-   between trials, which the incumbent's runs beside later candidates measure)
+   spread between runs of one setting in one round, pooled over every trial so far or the
+   setting's own where it scatters more, and the machine's drift between rounds, which the
+   incumbent's runs beside later candidates measure)
    and learned as well (val_accuracy within `sweep.accuracy_tolerance` of the start's); a
    comparison that is undecided but leans the candidate's way gets another round (up to
    `extra_rounds`), every look at Pocock's level so that the looks together err no more often
@@ -209,17 +210,20 @@ class PipelineTuner(Sweeper):
 
     def _round(self, base: List[str], trial: Trial, incumbent: Optional[Trial] = None) -> None:
         """A round of `trial`: its repeats, each a launch of its own, one after the other whichever the
-        launcher; with `rerun_incumbent`, one more run of `incumbent` among them (c, i, c), read into it
-        too. A round's runs share their minutes: one block of the drift model (`drift_spread`). Without
-        `rerun_incumbent` no incumbent run measures the drift, so a trial's rounds stay one block."""
+        launcher; with `rerun_incumbent`, as many runs of `incumbent` in their middle (c, i, i, c), read
+        into it too: their scatter is the incumbent's own noise within a round, which its scatter
+        across rounds is then measured against (`drift_spread`). A round's runs share their
+        minutes: one block of the drift model. Without `rerun_incumbent` no incumbent run measures
+        the drift, so a trial's rounds stay one block."""
         rerun = incumbent is not None and self.settings.rerun_incumbent
         if rerun or not trial.blocks:
             block, self.rounds = self.rounds, self.rounds + 1
         else:
             block = trial.blocks[0]
-        order = [trial] * self.settings.repeats
+        repeats = self.settings.repeats
+        order = [trial] * repeats
         if rerun:
-            order.insert(self.settings.repeats // 2, incumbent)
+            order[repeats // 2 : repeats // 2] = [incumbent] * repeats
         for who in order:
             if who is incumbent:
                 log.info(f"tune trial {incumbent.number} ({incumbent.change}) runs again beside it")

@@ -43,7 +43,7 @@ class Trial:
         repeats: (examples/s, its run's 95 % interval) of each finished run.
         folders, blocks: the job folders of its runs in launch order (its repeats, and an
             incumbent's runs beside later candidates), and the round each ran in (a block: a
-            candidate's repeats and the incumbent's run among them, a few minutes that share the
+            candidate's repeats and the incumbent's runs among them, a few minutes that share the
             machine's state; `drift_spread` measures how blocks differ). Without extra rounds a
             trial's own round is its number.
         repeat_blocks: the block of each finished run (beside `repeats`).
@@ -216,18 +216,20 @@ def mean_interval(trial: Trial, pooled: Optional[Tuple[float, int]] = None) -> L
 
 
 def pool_intervals(trials: Sequence[Trial], pooled: Optional[Tuple[float, int]]) -> None:
-    """Each repeated trial's interval drawn with the spread pooled over all of them, as they were
-    compared (one trial's own two repeats give a spread of one degree of freedom: t = 12.7)."""
+    """Each repeated trial's interval drawn with the spread it was compared with: its setting's
+    (`setting_spread`), from the one pooled over all of them (one trial's own two repeats alone
+    give a spread of one degree of freedom: t = 12.7)."""
     if pooled is not None:
         for trial in trials:
             if trial.repeats:  # one finished repeat of several was compared with the pooled spread too
-                trial.ci95 = mean_interval(trial, pooled)
+                trial.ci95 = mean_interval(trial, setting_spread(trial, pooled))
 
 
 def run_to_run_spread(trials: Sequence[Trial]) -> Optional[Tuple[float, int]]:
     """The spread of log throughput between runs of one setting within one block (a trial's
-    repeats, run back to back), pooled over `trials` (the machine's run-to-run noise, which each
-    trial shares), with its degrees of freedom; None with one run of each setting in each block."""
+    repeats, and the incumbent's runs beside a candidate, each back to back), pooled over `trials`
+    (the machine's run-to-run noise, which each trial shares), with its degrees of freedom; None
+    with one run of each setting in each block."""
     groups = []
     for trial in trials:
         for block in sorted(set(trial.run_blocks)):
@@ -235,19 +237,44 @@ def run_to_run_spread(trials: Sequence[Trial]) -> Optional[Tuple[float, int]]:
     return pooled_log_spread(groups)
 
 
-def drift_spread(trials: Sequence[Trial], within: Optional[Tuple[float, int]]) -> Optional[Tuple[float, int]]:
+# How many degrees of freedom the pooled spread counts for in a setting's own (`setting_spread`).
+PRIOR_DEGREES = 2
+
+
+def setting_spread(trial: Trial, pooled: Optional[Tuple[float, int]]) -> Optional[Tuple[float, int]]:
+    """The run-to-run spread a comparison takes for `trial`'s runs: its own scatter within each
+    block, moderated toward the `pooled` one (which counts as `PRIOR_DEGREES` runs' worth), where
+    that exceeds the pool, with its own degrees of freedom plus those; `pooled` otherwise. Settings
+    need not scatter alike (one vectorised map call per batch scattered 16 % from run to run where
+    two map calls scattered 7-9 %): a noisy one is judged by its own noise, with the uncertainty of
+    few runs, and a quiet one by the pool's, never below it."""
+    if pooled is None:
+        return None
+    squares, degrees = 0.0, 0
+    for block in sorted(set(trial.run_blocks)):
+        values = [value for value, _ in trial.in_block(block).repeats]
+        if len(values) > 1:
+            logs = np.log(values)
+            squares, degrees = squares + float(np.sum(np.square(logs - logs.mean()))), degrees + len(values) - 1
+    moderated = (squares + PRIOR_DEGREES * pooled[0] ** 2) / (degrees + PRIOR_DEGREES)
+    return (math.sqrt(moderated), degrees + PRIOR_DEGREES) if moderated > pooled[0] ** 2 else pooled
+
+
+def drift_spread(trials: Sequence[Trial], pooled: Optional[Tuple[float, int]]) -> Optional[Tuple[float, int]]:
     """(standard deviation of log throughput, degrees of freedom) of the machine's drift from one
     block to the next, from the settings that ran in two or more blocks (an incumbent run beside
-    later candidates): how far their block means scatter beyond what the spread `within` a block
-    explains (one-way random effects, method of moments, floored at 0); None where no setting ran
-    in two blocks."""
-    noise = within[0] ** 2 if within else 0.0
+    later candidates): how far their block means scatter beyond what each one's own spread within
+    a block explains (`setting_spread`; one-way random effects, method of moments, floored at 0),
+    so a setting that scatters more than the others does not read as a drifting machine; None
+    where no setting ran in two blocks."""
     total, degrees = 0.0, 0
     for trial in trials:
         runs = [trial.in_block(block).repeats for block in sorted(set(trial.run_blocks))]
         groups = [np.log([value for value, _ in block_runs]) for block_runs in runs]
         if len(groups) < 2:
             continue
+        own = setting_spread(trial, pooled)
+        noise = own[0] ** 2 if own else 0.0
         counts = np.array([len(group) for group in groups], dtype=np.float64)
         means = np.array([group.mean() for group in groups])
         grand = float(np.sum(counts * means) / counts.sum())
@@ -267,38 +294,45 @@ def against(
 ) -> Comparison:
     """candidate / incumbent with the ratio's interval at `level` (bwopt.measure.uncertainty).
 
-    Without drift (`drift` None or 0): the mean log throughput of every finished run of each, with
-    each run's own interval and the run-to-run spread `pooled` where repeats measured it. With the
-    machine's drift between blocks measured (`drift_spread`) and a spread within blocks to set
+    Each side's runs scatter by their own setting's spread (`setting_spread`, from the run-to-run
+    spread `pooled` where repeats measured it). Without drift (`drift` None or 0): the mean log
+    throughput of every finished run of each, with each run's own interval and that spread. With
+    the machine's drift between blocks measured (`drift_spread`) and a spread within blocks to set
     against it: `drift_cancelled`. `level`: a sequential test's per-look level (tune's
     `extra_rounds`, bwopt.measure.uncertainty.sequential_level), 95 % otherwise."""
+    spreads = setting_spread(candidate, pooled), setting_spread(incumbent, pooled)
     if drift is not None and drift[0] > 0 and pooled is not None and pooled[0] > 0:
-        return compare(drift_cancelled(candidate, incumbent, pooled, drift, level), (0.0, 0.0), level)
-    return compare(candidate.estimate(pooled, level), incumbent.estimate(pooled, level), level)
+        return compare(drift_cancelled(candidate, incumbent, spreads, drift, level), (0.0, 0.0), level)
+    return compare(candidate.estimate(spreads[0], level), incumbent.estimate(spreads[1], level), level)
 
 
 def drift_cancelled(
-    candidate: Trial, incumbent: Trial, pooled: Tuple[float, int], drift: Tuple[float, int], level: float
+    candidate: Trial,
+    incumbent: Trial,
+    spreads: Tuple[Tuple[float, int], Tuple[float, int]],
+    drift: Tuple[float, int],
+    level: float,
 ) -> Tuple[float, float]:
     """(log of candidate / incumbent, its standard error) where blocks drift: generalised least squares
     under one-way random block effects. Each run's log throughput is its setting's level, plus
     its block's drift (standard deviation `drift`, shared by the block's runs), plus its own noise
-    (the larger of the spread within blocks `pooled` and its run's own interval). The weights
-    that minimise the difference's variance lean on the runs of both in the same blocks, where
-    the drift cancels, as far as the drift outweighs the spread, and on every run of each as far
-    as it does not; with no drift they are the two plain means. Both components are scaled by
-    Student's t over the normal quantile for their degrees of freedom, as `log_estimate` does,
-    before the weights are chosen, so the error is the minimum of a conservative variance."""
-    spread = pooled[0] * t_over_z(pooled[1], level)
+    (the larger of its setting's spread within blocks, `spreads` for the candidate and the incumbent,
+    and its run's own interval). The weights that minimise the difference's variance lean on the
+    runs of both in the same blocks, where the drift cancels, as far as the drift outweighs the
+    spread, and on every run of each as far as it does not; with no drift they are the two plain
+    means. Each component is scaled by Student's t over the normal quantile for its degrees of
+    freedom, as `log_estimate` does, before the weights are chosen, so the error is the minimum
+    of a conservative variance."""
     between = drift[0] * t_over_z(drift[1], level)
     logs, sides, blocks, noise = [], [], [], []
-    for side, trial in enumerate((candidate, incumbent)):
+    for side, (trial, spread) in enumerate(zip((candidate, incumbent), spreads)):
+        scaled = spread[0] * t_over_z(spread[1], level)
         runs = trial.repeats or [(trial.throughput, trial.ci95)]
         for (value, bounds), block in zip(runs, trial.run_blocks if trial.repeats else [trial.number]):
             logs.append(math.log(value))
             sides.append(side)
             blocks.append(block)
-            noise.append(max(spread, interval_error(bounds) or 0.0))
+            noise.append(max(scaled, interval_error(bounds) or 0.0))
     covariance = np.diag(np.square(noise)) + between**2 * np.equal.outer(blocks, blocks)
     design = np.eye(2)[sides]
     weighted = np.linalg.solve(covariance, design)

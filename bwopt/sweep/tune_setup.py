@@ -38,12 +38,12 @@ class BwoptTunerConf:
         max_trials: trials in all, the start included.
         repeats: runs of each trial, one after the other (2: their spread, pooled over the trials,
             enters every comparison; 1: each interval holds only its own run's noise).
-        rerun_incumbent: run the incumbent once more between a candidate's repeats (before its
-            one run with repeats=1): its runs then span the tuning, and how their trial-to-trial
-            means scatter beyond the repeats' spread measures the machine's drift, which enters
-            every comparison.
+        rerun_incumbent: run the incumbent as many times again between a candidate's repeats
+            (c, i, i, c; before its one run with repeats=1): its runs then span the tuning, and how
+            their round-to-round means scatter beyond its own spread within a round measures the
+            machine's drift, which enters every comparison.
         extra_rounds: rounds more a candidate may run (its repeats again, with `rerun_incumbent`
-            around one more run of the incumbent) while its comparison is undecided but leans its
+            around as many runs of the incumbent) while its comparison is undecided but leans its
             way; every comparison then takes Pocock's per-look level for 1 + extra_rounds looks,
             so each candidate's looks together err no more often than one 95 % comparison (0 to 4).
         target_fraction: stop once the incumbent reaches this fraction of its compute ceiling.

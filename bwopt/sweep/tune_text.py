@@ -70,7 +70,7 @@ def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], drift: Opt
     machine's drift between trials where incumbents ran again beside later candidates (`drift_spread`)."""
     runs = "once" if repeats == 1 else f"{repeats} times"
     ran = f"each trial ran {runs}" + (
-        ", and the incumbent once more beside each candidate" if drift else ", one after the other"
+        ", and the incumbent as often beside each candidate" if drift else ", one after the other"
     )
     if drift:
         measured = (
@@ -90,8 +90,9 @@ def noise_sentence(repeats: int, pooled: Optional[Tuple[float, int]], drift: Opt
             "each trial twice and pools the spread between repeats into every comparison."
         )
     spread = (
-        f"each run's interval and the spread between a trial's repeats, pooled over the trials: "
-        f"{pooled[0] * 100:.1f} % of throughput (standard deviation, {freedom(pooled[1])})"
+        f"each run's interval and the spread between runs of one setting in one round, pooled over the "
+        f"trials: {pooled[0] * 100:.1f} % of throughput (standard deviation, {freedom(pooled[1])}), or a "
+        "setting's own where it scatters more"
     )
     if drift:
         leaning = (

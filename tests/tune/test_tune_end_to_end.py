@@ -29,15 +29,15 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = tmp_path / "tuning"
     folders = sorted(int(path.name) for path in sweep.iterdir() if path.is_dir() and path.name.isdigit())
-    # max_trials bounds the trials, the start included; each ran twice, the start once more between
+    # max_trials bounds the trials, the start included; each ran twice, the start twice more between
     # the proposal's two runs
-    assert folders == [0, 1, 2, 3, 4]
+    assert folders == [0, 1, 2, 3, 4, 5]
 
-    # every run had the sweep's own choice; the start's three (folders 0, 1 and 3) ran the workload
-    # as given, the proposal's two (2, 4) the same change
+    # every run had the sweep's own choice; the start's four (folders 0, 1, 3 and 4) ran the workload
+    # as given, the proposal's two (2, 5) the same change
     ran = [yaml.safe_load((sweep / str(n) / ".hydra" / "overrides.yaml").read_text()) for n in folders]
     assert all("tune=pipeline" in overrides and "measure.ceilings=true" in overrides for overrides in ran)
-    assert ran[0] == ran[1] == ran[3] and ran[2] == ran[4]
+    assert ran[0] == ran[1] == ran[3] == ran[4] and ran[2] == ran[5]
     assert not [item for item in ran[0] if item.startswith("pipeline.")]
     changed = [item for item in ran[2] if item not in ran[0]]
     assert changed and all(item.startswith(("pipeline.", "train.steps_per_execution")) for item in changed)
@@ -58,7 +58,7 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
 
     report = (sweep / "tune.md").read_text()
     closing = next(line for line in result.stdout.splitlines() if line.startswith("tuned: "))
-    assert f"**{closing}**" in report and "5 runs" in closing
+    assert f"**{closing}**" in report and "6 runs" in closing
     # each trial's word is tune's own comparison; the folder's sweep ranking stays in report.md
     log = result.stdout + result.stderr
     assert "Sweep report:" in log and "Best: " not in log and "No best: " not in log
@@ -68,11 +68,11 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
     assert "The start's stages" in report and "| map (augment) | map |" in report  # what the plan came from
     rows = {line.split(" | ")[0]: line for line in report.splitlines() if line.startswith("| ")}
     assert ("| yes |" in rows["| 1"]) == bool(kept)
-    assert rows["| 0"].endswith("| 3 (0, 1, 3) |") and rows["| 1"].endswith("| 2 (2, 4) |")
-    # the proposal was compared with the start's run beside it, with the spread between each
-    # trial's two repeats, and the report says so
-    assert "each trial ran 2 times, and the incumbent once more beside each candidate" in report
-    assert "2 degrees of freedom" in report
+    assert rows["| 0"].endswith("| 4 (0, 1, 3, 4) |") and rows["| 1"].endswith("| 2 (2, 5) |")
+    # the proposal was compared with the start's runs beside it, with the spread between runs of one
+    # setting in one round (the start's two in each of its rounds, the proposal's two), and the report says so
+    assert "each trial ran 2 times, and the incumbent as often beside each candidate" in report
+    assert "3 degrees of freedom" in report
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("bwopt")
@@ -86,7 +86,7 @@ def test_tune_runs_its_trials_and_repeats_writes_tuned_yaml_and_annotates_one_pa
     summaries = [json.loads((sweep / str(n) / "summary.json").read_text()) for n in folders]
     assert sorted(child.info.run_id for child in children) == sorted(summary["run_id"] for summary in summaries)
     # the tuned trial's figure: the median of its runs
-    final = [summaries[2], summaries[4]] if kept else [summaries[0], summaries[1], summaries[3]]
+    final = [summaries[2], summaries[5]] if kept else [summaries[0], summaries[1], summaries[3], summaries[4]]
     assert parent.data.metrics["tune_throughput_examples_per_s"] == pytest.approx(
         statistics.median(summary["figures"]["throughput_examples_per_s"] for summary in final)
     )

@@ -157,7 +157,7 @@ def test_a_trial_reads_every_repeat_and_leaves_out_one_that_did_not_finish(tmp_p
     assert "ran 3 times" in noise_sentence(3, (0.021, 4)) and "2.1 %" in noise_sentence(3, (0.021, 4))
     assert "is not in it" in noise_sentence(2, (0.021, 4))  # without the incumbent's runs beside
     beside = noise_sentence(2, (0.021, 4), drift=(0.034, 3))
-    assert "incumbent once more beside each candidate" in beside and "drift" in beside and "3.4 % (3 degrees" in beside
+    assert "incumbent as often beside each candidate" in beside and "drift" in beside and "3.4 % (3 degrees" in beside
     assert "leans on the runs of both in the same rounds" in beside
     assert "leans on" not in noise_sentence(2, (0.021, 4), drift=(0.0, 3))  # no drift: the plain means
 

@@ -50,7 +50,8 @@ def tuning(tmp_path: Path, proposals, script: Dict[str, List[float]], ceiling=No
     return tuner, tuner.sweep([])
 
 
-START = [1000.0, 1100.0, 1050.0, 980.0, 1070.0]  # its two runs, then one beside each later candidate
+# its two runs, then two beside each later candidate
+START = [1000.0, 1100.0, 1050.0, 1030.0, 980.0, 1010.0, 1070.0, 1040.0]
 ALONE = [1060.0, 1140.0]  # ~×1.07 each: within two runs' noise at a spread of ~7 %
 
 
@@ -59,7 +60,7 @@ def test_two_changes_each_within_the_noise_alone_are_kept_when_together_they_cle
     tuner, result = tuning(tmp_path, (THREADS, PREFETCH), script)
     start, threads, prefetch, both = tuner.trials
     assert not threads.kept and not prefetch.kept and threads.undecided and prefetch.undecided
-    assert tuner.launcher.launched[-3:] == ["parallelize+prefetch", "start", "parallelize+prefetch"]
+    assert tuner.launcher.launched[-4:] == ["parallelize+prefetch", "start", "start", "parallelize+prefetch"]
     assert both.change == "parallelize + prefetch" and both.kept
     assert both.overrides == {"pipeline.map_parallelism": "2", "pipeline.prefetch": "3"} == result["tuned"]
     assert both.against_incumbent.word == "faster" and both.predicted_gain == pytest.approx(1.12 * 1.10)
@@ -79,7 +80,7 @@ def test_changes_that_together_still_sit_in_the_noise_are_reverted_once(tmp_path
 
 def test_a_change_found_slower_or_kept_is_not_run_again_with_another(tmp_path):
     # parallelize is slower beyond the noise, cache faster: only prefetch was undecided, nothing to pair
-    script = {"start": START, "parallelize": [700.0, 720.0], "cache": [1500.0, 1560.0, 1530.0]}
+    script = {"start": START, "parallelize": [700.0, 720.0], "cache": [1500.0, 1560.0, 1530.0, 1545.0]}
     script["prefetch+cache"] = [1560.0, 1650.0]  # prefetch runs on top of the kept cache
     tuner, result = tuning(tmp_path, (THREADS, CACHE, PREFETCH), script)
     changes = [trial.change for trial in tuner.trials]
