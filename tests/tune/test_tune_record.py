@@ -210,6 +210,36 @@ def test_without_drift_the_incumbents_runs_beside_later_candidates_keep_a_large_
     assert against(candidate, beside, pooled, drift).word == "no difference detected"
 
 
+def test_a_setting_that_scatters_more_than_the_pool_is_judged_by_its_own_spread_and_reads_no_drift():
+    """A noisy incumbent (its two runs in each of three rounds 20 % apart in log, their round means
+    as close as that noise allows) beside six quiet candidates (1 % apart): its own spread,
+    moderated toward the pool's by two degrees of freedom, is what its runs scatter by, and its
+    rounds do not read as a drifting machine, though they scatter beyond what the pool explains."""
+    from bwopt.sweep.tune_record import PRIOR_DEGREES, drift_spread, run_to_run_spread, setting_spread
+
+    def runs(centre: float, half: float):
+        return [(math.exp(centre - half), None), (math.exp(centre + half), None)]
+
+    start = repeated(0, [*runs(9.0, 0.1), *runs(9.1, 0.1), *runs(8.95, 0.1)])
+    start.repeat_blocks = [0, 0, 1, 1, 2, 2]
+    quiet = [repeated(n, runs(9.0, 0.005)) for n in range(1, 7)]
+    trials = [start, *quiet]
+    pooled = run_to_run_spread(trials)
+    # within each block: two runs 0.2 apart give 0.02 of squares, one degree of freedom
+    assert pooled[1] == 9 and pooled[0] == pytest.approx(math.sqrt((3 * 0.02 + 6 * 0.00005) / 9))
+    own = setting_spread(start, pooled)
+    moderated = (3 * 0.02 + PRIOR_DEGREES * pooled[0] ** 2) / (3 + PRIOR_DEGREES)
+    assert own == (pytest.approx(math.sqrt(moderated)), 3 + PRIOR_DEGREES) and own[0] > pooled[0]
+    assert setting_spread(quiet[0], pooled) == pooled  # quieter than the pool: the pool's, never less
+    assert setting_spread(start, None) is None
+    # the round means (9.0, 9.1, 8.95): a between-round mean square of two runs each above the
+    # pool's variance (it would read as drift), below the incumbent's own
+    means = [9.0, 9.1, 8.95]
+    between = 2 * sum((mean - sum(means) / 3) ** 2 for mean in means) / 2
+    assert pooled[0] ** 2 < between < own[0] ** 2
+    assert drift_spread(trials, pooled)[0] == 0.0
+
+
 def test_each_runs_time_in_slow_episodes_is_read_and_said_per_trial(tmp_path):
     import json
 
