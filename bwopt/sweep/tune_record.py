@@ -230,11 +230,12 @@ def run_to_run_spread(trials: Sequence[Trial]) -> Optional[Tuple[float, int]]:
     repeats, and the incumbent's runs beside a candidate, each back to back), pooled over `trials`
     (the machine's run-to-run noise, which each trial shares), with its degrees of freedom; None
     with one run of each setting in each block."""
-    groups = []
-    for trial in trials:
-        for block in sorted(set(trial.run_blocks)):
-            groups.append([value for value, _ in trial.in_block(block).repeats])
-    return pooled_log_spread(groups)
+    return pooled_log_spread([runs for trial in trials for runs in block_runs(trial)])
+
+
+def block_runs(trial: Trial) -> List[List[float]]:
+    """The throughputs of `trial`'s finished runs, one list per block, blocks in order."""
+    return [[value for value, _ in trial.in_block(block).repeats] for block in sorted(set(trial.run_blocks))]
 
 
 # How many degrees of freedom the pooled spread counts for in a setting's own (`setting_spread`).
@@ -250,12 +251,8 @@ def setting_spread(trial: Trial, pooled: Optional[Tuple[float, int]]) -> Optiona
     few runs, and a quiet one by the pool's, never below it."""
     if pooled is None:
         return None
-    squares, degrees = 0.0, 0
-    for block in sorted(set(trial.run_blocks)):
-        values = [value for value, _ in trial.in_block(block).repeats]
-        if len(values) > 1:
-            logs = np.log(values)
-            squares, degrees = squares + float(np.sum(np.square(logs - logs.mean()))), degrees + len(values) - 1
+    own = pooled_log_spread(block_runs(trial))
+    squares, degrees = (own[0] ** 2 * own[1], own[1]) if own else (0.0, 0)
     moderated = (squares + PRIOR_DEGREES * pooled[0] ** 2) / (degrees + PRIOR_DEGREES)
     return (math.sqrt(moderated), degrees + PRIOR_DEGREES) if moderated > pooled[0] ** 2 else pooled
 
@@ -269,8 +266,7 @@ def drift_spread(trials: Sequence[Trial], pooled: Optional[Tuple[float, int]]) -
     where no setting ran in two blocks."""
     total, degrees = 0.0, 0
     for trial in trials:
-        runs = [trial.in_block(block).repeats for block in sorted(set(trial.run_blocks))]
-        groups = [np.log([value for value, _ in block_runs]) for block_runs in runs]
+        groups = [np.log(runs) for runs in block_runs(trial)]
         if len(groups) < 2:
             continue
         own = setting_spread(trial, pooled)
