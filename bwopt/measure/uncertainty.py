@@ -255,7 +255,7 @@ def pooled_log_spread(groups: Sequence[Sequence[float]]) -> Optional[Tuple[float
     return (math.sqrt(squares / degrees), degrees) if degrees else None
 
 
-def t_quantile(degrees: int, level: float = CONFIDENCE) -> float:
+def t_quantile(degrees: float, level: float = CONFIDENCE) -> float:
     """Student's t, two-sided at `level` (95 %), at `degrees` degrees of freedom."""
     from scipy.stats import t as student_t
 
@@ -267,7 +267,7 @@ def z_of(level: float) -> float:
     return Z_95 if level == CONFIDENCE else float(statistics.NormalDist().inv_cdf(0.5 + level / 2))
 
 
-def t_over_z(degrees: int, level: float = CONFIDENCE) -> float:
+def t_over_z(degrees: float, level: float = CONFIDENCE) -> float:
     """How much wider a spread estimated with `degrees` degrees of freedom makes a normal interval at `level`."""
     return t_quantile(degrees, level) / z_of(level)
 

@@ -243,18 +243,23 @@ PRIOR_DEGREES = 2
 
 
 def setting_spread(trial: Trial, pooled: Optional[Tuple[float, int]]) -> Optional[Tuple[float, int]]:
-    """The run-to-run spread a comparison takes for `trial`'s runs: its own scatter within each
-    block, moderated toward the `pooled` one (which counts as `PRIOR_DEGREES` runs' worth), where
-    that exceeds the pool, with its own degrees of freedom plus those; `pooled` otherwise. Settings
-    need not scatter alike (one vectorised map call per batch scattered 16 % from run to run where
-    two map calls scattered 7-9 %): a noisy one is judged by its own noise, with the uncertainty of
-    few runs, and a quiet one by the pool's, never below it."""
+    """The run-to-run spread a comparison takes for `trial`'s runs, with its degrees of freedom: its
+    own scatter within each block moderated toward the `pooled` one (which counts as
+    `PRIOR_DEGREES` runs' worth), or the pooled one where that is larger, never less; as sure as
+    its own runs and those prior degrees make it, never as sure as the whole pool, which other
+    settings' runs fill. Settings need not scatter alike (one vectorised map call per batch
+    scattered 16 % from run to run where two map calls scattered 7-9 %): a noisy one is judged by
+    its own noise, with the uncertainty of few runs, and a quiet one by the pool's, with that same
+    uncertainty, since two of its runs that happen to agree do not show it quiet. The pooled
+    spread itself where the trial has no two runs in one block."""
     if pooled is None:
         return None
     own = pooled_log_spread(block_runs(trial))
-    squares, degrees = (own[0] ** 2 * own[1], own[1]) if own else (0.0, 0)
+    if own is None:
+        return pooled
+    squares, degrees = own[0] ** 2 * own[1], own[1]
     moderated = (squares + PRIOR_DEGREES * pooled[0] ** 2) / (degrees + PRIOR_DEGREES)
-    return (math.sqrt(moderated), degrees + PRIOR_DEGREES) if moderated > pooled[0] ** 2 else pooled
+    return (math.sqrt(moderated) if moderated > pooled[0] ** 2 else pooled[0]), min(degrees + PRIOR_DEGREES, pooled[1])
 
 
 def drift_spread(trials: Sequence[Trial], pooled: Optional[Tuple[float, int]]) -> Optional[Tuple[float, int]]:
@@ -290,52 +295,73 @@ def against(
 ) -> Comparison:
     """candidate / incumbent with the ratio's interval at `level` (bwopt.measure.uncertainty).
 
-    Each side's runs scatter by their own setting's spread (`setting_spread`, from the run-to-run
-    spread `pooled` where repeats measured it). Without drift (`drift` None or 0): the mean log
-    throughput of every finished run of each, with each run's own interval and that spread. With
-    the machine's drift between blocks measured (`drift_spread`) and a spread within blocks to set
-    against it: `drift_cancelled`. `level`: a sequential test's per-look level (tune's
-    `extra_rounds`, bwopt.measure.uncertainty.sequential_level), 95 % otherwise."""
-    spreads = setting_spread(candidate, pooled), setting_spread(incumbent, pooled)
-    if drift is not None and drift[0] > 0 and pooled is not None and pooled[0] > 0:
-        return compare(drift_cancelled(candidate, incumbent, spreads, drift, level), (0.0, 0.0), level)
-    return compare(candidate.estimate(spreads[0], level), incumbent.estimate(spreads[1], level), level)
+    Where repeats measured the run-to-run spread (`pooled`), each side's runs scatter by their own
+    setting's spread (`setting_spread`) and the machine's drift between blocks (`drift_spread`)
+    where measured: `block_contrast`. Without a spread: each run's own interval, the two means.
+    `level`: a sequential test's per-look level (tune's `extra_rounds`,
+    bwopt.measure.uncertainty.sequential_level), 95 % otherwise."""
+    if pooled is None or pooled[0] <= 0:
+        return compare(candidate.estimate(None, level), incumbent.estimate(None, level), level)
+    drifting = drift if drift is not None and drift[0] > 0 else None
+    return compare(block_contrast(candidate, incumbent, pooled, drifting, level), (0.0, 0.0), level)
 
 
-def drift_cancelled(
+def block_contrast(
     candidate: Trial,
     incumbent: Trial,
-    spreads: Tuple[Tuple[float, int], Tuple[float, int]],
-    drift: Tuple[float, int],
+    pooled: Tuple[float, int],
+    drift: Optional[Tuple[float, int]],
     level: float,
 ) -> Tuple[float, float]:
-    """(log of candidate / incumbent, its standard error) where blocks drift: generalised least squares
-    under one-way random block effects. Each run's log throughput is its setting's level, plus
-    its block's drift (standard deviation `drift`, shared by the block's runs), plus its own noise
-    (the larger of its setting's spread within blocks, `spreads` for the candidate and the incumbent,
-    and its run's own interval). The weights that minimise the difference's variance lean on the
-    runs of both in the same blocks, where the drift cancels, as far as the drift outweighs the
-    spread, and on every run of each as far as it does not; with no drift they are the two plain
-    means. Each component is scaled by Student's t over the normal quantile for its degrees of
-    freedom, as `log_estimate` does, before the weights are chosen, so the error is the minimum
-    of a conservative variance."""
-    between = drift[0] * t_over_z(drift[1], level)
+    """(log of candidate / incumbent, its standard error widened for `level`): generalised least
+    squares under one-way random block effects. Each run's log throughput is its setting's level,
+    plus its block's drift (standard deviation `drift`, shared by the block's runs; None: no
+    drift), plus its own noise (the larger of its setting's spread within blocks, `setting_spread`
+    from the `pooled` one, and its run's own interval). The weights that minimise the
+    difference's variance lean on the runs of both in the same blocks, where the drift cancels, as
+    far as the drift outweighs the spread, and on every run of each as far as it does not; with no
+    drift they are the two means.
+
+    The spreads are estimates: the difference's variance is the sum of what each contributes
+    through those weights, and its degrees of freedom Satterthwaite's for that sum (Welch's test
+    where there is no drift), rounded down as a table of t is read; the error is scaled by
+    Student's t over the normal quantile at that many, so a noisy side's few runs widen the
+    interval as far as its noise weighs in the difference. Both sides at the pool's spread are one
+    estimate, one part (as sure as the less sure side: `setting_spread`), and the two sides'
+    spreads together never count more degrees of freedom than the pool that holds their runs."""
+    spreads = setting_spread(candidate, pooled), setting_spread(incumbent, pooled)
     logs, sides, blocks, noise = [], [], [], []
-    for side, (trial, spread) in enumerate(zip((candidate, incumbent), spreads)):
-        scaled = spread[0] * t_over_z(spread[1], level)
+    for side, trial in enumerate((candidate, incumbent)):
         runs = trial.repeats or [(trial.throughput, trial.ci95)]
         for (value, bounds), block in zip(runs, trial.run_blocks if trial.repeats else [trial.number]):
             logs.append(math.log(value))
             sides.append(side)
             blocks.append(block)
-            noise.append(max(scaled, interval_error(bounds) or 0.0))
-    covariance = np.diag(np.square(noise)) + between**2 * np.equal.outer(blocks, blocks)
+            noise.append(max(spreads[side][0], interval_error(bounds) or 0.0))
+    variances, sides = np.square(noise), np.asarray(sides)
+    same_block = np.equal.outer(blocks, blocks).astype(np.float64)
+    covariance = np.diag(variances) + (drift[0] ** 2 * same_block if drift else 0.0)
     design = np.eye(2)[sides]
     weighted = np.linalg.solve(covariance, design)
     levels_covariance = np.linalg.inv(design.T @ weighted)
+    weights = np.array([1.0, -1.0]) @ levels_covariance @ weighted.T  # the difference's weight on each run
+    parts = [
+        (float(np.sum(weights[sides == side] ** 2 * variances[sides == side])), spreads[side][1]) for side in (0, 1)
+    ]
+    if spreads[0][0] == spreads[1][0] == pooled[0]:
+        parts = [(parts[0][0] + parts[1][0], min(spreads[0][1], spreads[1][1]))]
+    parts = [(sum(part for part, _ in parts), min(pooled[1], satterthwaite(parts)))]
+    if drift:
+        parts.append((drift[0] ** 2 * float(weights @ same_block @ weights), drift[1]))
     levels = levels_covariance @ (weighted.T @ np.asarray(logs))
-    contrast = np.array([1.0, -1.0])
-    return float(levels[0] - levels[1]), math.sqrt(float(contrast @ levels_covariance @ contrast))
+    variance = sum(part for part, _ in parts)
+    return float(levels[0] - levels[1]), math.sqrt(variance) * t_over_z(max(1, math.floor(satterthwaite(parts))), level)
+
+
+def satterthwaite(parts: Sequence[Tuple[float, float]]) -> float:
+    """The degrees of freedom of a sum of independent variance estimates, (variance, its degrees of freedom) each."""
+    total = sum(part for part, _ in parts)
+    return total**2 / sum(part**2 / degrees for part, degrees in parts if part > 0) if total > 0 else math.inf
 
 
 def cores_used(trial: Trial) -> Optional[float]:

@@ -62,7 +62,7 @@ class BwoptTunerConf:
     max_trials: int = 5
     repeats: int = 2
     rerun_incumbent: bool = True
-    extra_rounds: int = 1
+    extra_rounds: int = 2
     target_fraction: float = 0.9
     allow: List[str] = field(default_factory=list)
     memory_share: float = 0.5

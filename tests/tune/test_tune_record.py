@@ -230,7 +230,9 @@ def test_a_setting_that_scatters_more_than_the_pool_is_judged_by_its_own_spread_
     own = setting_spread(start, pooled)
     moderated = (3 * 0.02 + PRIOR_DEGREES * pooled[0] ** 2) / (3 + PRIOR_DEGREES)
     assert own == (pytest.approx(math.sqrt(moderated)), 3 + PRIOR_DEGREES) and own[0] > pooled[0]
-    assert setting_spread(quiet[0], pooled) == pooled  # quieter than the pool: the pool's, never less
+    # quieter than the pool: the pool's spread, never less, but as sure as its own two runs and the
+    # prior make it (one degree of freedom and two), not as the nine of the whole pool
+    assert setting_spread(quiet[0], pooled) == (pooled[0], 1 + PRIOR_DEGREES)
     assert setting_spread(start, None) is None
     # the round means (9.0, 9.1, 8.95): a between-round mean square of two runs each above the
     # pool's variance (it would read as drift), below the incumbent's own
@@ -315,3 +317,60 @@ def test_the_tuned_overrides_as_an_experiment_config_compose_to_the_same_config(
 def test_an_override_a_config_file_cannot_hold_is_named_and_no_file_is_left(tmp_path, override, why_not):
     text, reason = written_experiment(tmp_path, ["experiment=pipelines", override])
     assert text is None and re.fullmatch(why_not, reason.rstrip(".'")), reason
+
+
+def in_blocks(number: int, blocks) -> Trial:
+    """A trial whose runs (examples/s, without an interval of their own) came in `blocks`: [[run, ...], ...]."""
+    trial = repeated(number, [(value, None) for runs in blocks for value in runs])
+    trial.repeat_blocks = [index for index, runs in enumerate(blocks, number * 10) for _ in runs]
+    return trial
+
+
+def test_the_difference_takes_welchs_degrees_of_freedom_from_the_two_sides_spreads():
+    """Without drift the comparison is Welch's: the difference of the two mean logs, its variance
+    each side's spread squared over its runs, its degrees of freedom Satterthwaite's for that sum
+    (rounded down), the interval Student's t at that many (scipy's). A noisy candidate (two rounds
+    of runs 30 % apart in log) beside a quiet incumbent (six rounds): the candidate's own spread moderated
+    toward the pool, the incumbent's the pool's."""
+    from scipy.stats import t as student_t
+
+    from bwopt.sweep.tune_record import against, run_to_run_spread, setting_spread
+
+    start = in_blocks(
+        0, [[1000.0, 1010.0], [990.0, 1005.0], [1002.0, 996.0], [1008.0, 1000.0], [1000.0, 1003.0], [997.0, 1006.0]]
+    )
+    candidate = in_blocks(1, [[1100.0, 1100.0 * math.exp(0.3)], [1150.0, 1150.0 * math.exp(-0.3)]])
+    pooled = run_to_run_spread([start, candidate])
+    (noisy, noisy_degrees), (quiet, quiet_degrees) = setting_spread(candidate, pooled), setting_spread(start, pooled)
+    assert noisy > pooled[0] == quiet and noisy_degrees == 2 + 2 and quiet_degrees == pooled[1] == 8
+    logs = [[math.log(value) for value, _ in trial.repeats] for trial in (candidate, start)]
+    parts = [noisy**2 / len(logs[0]), quiet**2 / len(logs[1])]
+    degrees = math.floor(sum(parts) ** 2 / (parts[0] ** 2 / noisy_degrees + parts[1] ** 2 / quiet_degrees))
+    difference = sum(logs[0]) / len(logs[0]) - sum(logs[1]) / len(logs[1])
+    half = student_t.ppf(0.975, degrees) * math.sqrt(sum(parts))
+    comparison = against(candidate, start, pooled)
+    assert (
+        degrees == 5 and comparison.ratio
+    )  # neither side's 4 or 8, nor the fewest == pytest.approx(math.exp(difference))
+    assert comparison.ci95 == pytest.approx((math.exp(difference - half), math.exp(difference + half)))
+
+
+def test_two_sides_at_the_pools_spread_are_as_sure_as_the_fewer_runs_that_show_them_quiet():
+    """Two quiet settings beside a noisy one that fills the pool: each compared at the pool's
+    spread, one estimate, so the difference counts the degrees of freedom of the less sure side
+    (the candidate's one round and the two prior ones: 3), not the pool's 7 nor twice anything.
+    Two runs that happen to agree do not show a setting quieter than the pool says."""
+    from scipy.stats import t as student_t
+
+    from bwopt.sweep.tune_record import against, run_to_run_spread, setting_spread
+
+    start = in_blocks(0, [[1000.0, 1010.0], [990.0, 1005.0]])
+    candidate = in_blocks(1, [[1300.0, 1303.0]])
+    noisy = in_blocks(2, [[900.0, 1200.0], [1250.0, 950.0], [1000.0, 1300.0], [1100.0, 800.0]])
+    pooled = run_to_run_spread([start, candidate, noisy])
+    assert pooled[1] == 7
+    assert setting_spread(candidate, pooled) == (pooled[0], 3) and setting_spread(start, pooled) == (pooled[0], 4)
+    difference = math.log(1300.0 * 1303.0) / 2 - math.log(1000.0 * 1010.0 * 990.0 * 1005.0) / 4
+    half = student_t.ppf(0.975, 3) * pooled[0] * math.sqrt(1 / 2 + 1 / 4)
+    comparison = against(candidate, start, pooled)
+    assert comparison.ci95 == pytest.approx((math.exp(difference - half), math.exp(difference + half)))
