@@ -272,6 +272,12 @@ def t_over_z(degrees: float, level: float = CONFIDENCE) -> float:
     return t_quantile(degrees, level) / z_of(level)
 
 
+def satterthwaite(parts: Sequence[Tuple[float, float]]) -> float:
+    """The degrees of freedom of a sum of independent variance estimates, (variance, its degrees of freedom) each."""
+    total = sum(part for part, _ in parts)
+    return total**2 / sum(part**2 / degrees for part, degrees in parts if part > 0) if total > 0 else math.inf
+
+
 # Pocock's constant nominal levels: a test looked at up to K times (equal shares of the data each
 # time), each look two-sided at this level, errs at most 5 % of the time over all K together
 # (Pocock 1977; Jennison & Turnbull, Group Sequential Methods, table 2.1: 2.178, 2.289, 2.361, 2.413).

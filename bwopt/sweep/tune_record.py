@@ -24,6 +24,7 @@ from bwopt.measure.uncertainty import (
     interval_error,
     log_estimate,
     pooled_log_spread,
+    satterthwaite,
     t_over_z,
 )
 from bwopt.sweep.results import read_job, read_summary
@@ -350,18 +351,11 @@ def block_contrast(
     ]
     if spreads[0][0] == spreads[1][0] == pooled[0]:
         parts = [(parts[0][0] + parts[1][0], min(spreads[0][1], spreads[1][1]))]
-    parts = [(sum(part for part, _ in parts), min(pooled[1], satterthwaite(parts)))]
-    if drift:
-        parts.append((drift[0] ** 2 * float(weights @ same_block @ weights), drift[1]))
+    within = (sum(part for part, _ in parts), min(pooled[1], satterthwaite(parts)))
+    drifting = [(drift[0] ** 2 * float(weights @ same_block @ weights), drift[1])] if drift else []
+    variance, degrees = within[0] + sum(part for part, _ in drifting), satterthwaite([within, *drifting])
     levels = levels_covariance @ (weighted.T @ np.asarray(logs))
-    variance = sum(part for part, _ in parts)
-    return float(levels[0] - levels[1]), math.sqrt(variance) * t_over_z(max(1, math.floor(satterthwaite(parts))), level)
-
-
-def satterthwaite(parts: Sequence[Tuple[float, float]]) -> float:
-    """The degrees of freedom of a sum of independent variance estimates, (variance, its degrees of freedom) each."""
-    total = sum(part for part, _ in parts)
-    return total**2 / sum(part**2 / degrees for part, degrees in parts if part > 0) if total > 0 else math.inf
+    return float(levels[0] - levels[1]), math.sqrt(variance) * t_over_z(max(1, math.floor(degrees)), level)
 
 
 def cores_used(trial: Trial) -> Optional[float]:
